@@ -1,0 +1,47 @@
+"""Arguments every command that reads targets shares."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from gatewayscope.config import Config, Policy, build_config, load_config
+
+DEFAULT_CONFIG_ENV = "GATEWAYSCOPE_CONFIG"
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("targets and policy")
+    group.add_argument("--config", metavar="FILE",
+                       help=f"TOML file of [[targets]] and [policy] (default: ${DEFAULT_CONFIG_ENV} if set)")
+    group.add_argument("--trace-store", action="append", default=[], metavar="URL|PATH",
+                       help="an rLLM gateway URL or the path of its SQLite store (repeatable)")
+    group.add_argument("--bifrost", action="append", default=[], metavar="URL",
+                       help="a Bifrost management API URL, no auth (repeatable; use --config for auth)")
+    group.add_argument("--timeout", type=float, metavar="SECONDS",
+                       help="per-request timeout for every target (overrides timeout_seconds)")
+    group.add_argument("--orphan-idle-seconds", type=float, metavar="SECONDS",
+                       help="a one-trace session idle longer than this is a suspected orphan (default 7200)")
+    group.add_argument("--max-weight-lag", type=int, metavar="N",
+                       help="allowed weight-version staleness before an idle session is suspect (default 2)")
+
+
+def config_from_args(args: argparse.Namespace, *, require_targets: bool = True) -> Config:
+    path = args.config or os.environ.get(DEFAULT_CONFIG_ENV) or None
+    if not require_targets and not (path or args.trace_store or args.bifrost):
+        config = Config(targets=[], policy=Policy())
+        if args.orphan_idle_seconds is not None:
+            config.policy.orphan_idle_seconds = args.orphan_idle_seconds
+        if args.max_weight_lag is not None:
+            config.policy.max_weight_lag = args.max_weight_lag
+        return config
+    if not require_targets and path and not (args.trace_store or args.bifrost):
+        return load_config(path)
+    return build_config(
+        path,
+        trace_stores=args.trace_store,
+        bifrost_urls=args.bifrost,
+        timeout_seconds=args.timeout,
+        orphan_idle_seconds=args.orphan_idle_seconds,
+        max_weight_lag=args.max_weight_lag,
+    )

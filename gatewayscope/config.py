@@ -1,0 +1,433 @@
+"""Targets and policy from a TOML file, flags and env, validated with one clear line per problem.
+
+The file::
+
+    [[targets]]
+    name = "rl-gateway"
+    kind = "rllm"                        # "rllm" (REST or SQLite) or "bifrost"
+    url = "http://127.0.0.1:9090"        # or: path = "/srv/rllm/gateway_traces.db"
+    timeout_seconds = 10
+
+    [[targets]]
+    name = "bifrost"
+    kind = "bifrost"
+    url = "http://127.0.0.1:8080"
+    memory_limit_bytes = 536870912
+    [targets.auth]
+    username_env = "BIFROST_ADMIN_USER"   # or username = "admin"
+    password_env = "BIFROST_ADMIN_PASSWORD"   # or password_file = "/run/secrets/bifrost"
+
+    [policy]
+    orphan_idle_seconds = 7200
+    max_weight_lag = 2
+    standard_pool = 512
+    custom_pool = 64
+    queue_per_worker = 16
+    env_file = "/srv/platform/.env"      # optional: the platform's pool overrides
+
+A password never comes from the command line or the file itself: only from an env var or a file
+named in the config, read when a source needs it, and never printed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from gatewayscope.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+KINDS = ("rllm", "bifrost")
+DEFAULT_TIMEOUT_SECONDS = 10.0
+DEFAULT_MEMORY_LIMIT_BYTES = 512 * 1024 * 1024
+#: the platform's hard ceiling for a pool override (the gateway's default connections per upstream host)
+POOL_OVERRIDE_CEILING = 5000
+STANDARD_POOL_ENV = "SANDBOX_LLM_GATEWAY_PROVIDER_CONCURRENCY"
+CUSTOM_POOL_ENV = "SANDBOX_LLM_GATEWAY_CUSTOM_PROVIDER_CONCURRENCY"
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Where a target's credentials come from. Holds names of places, never a password."""
+
+    username: str | None = None
+    username_env: str | None = None
+    password_env: str | None = None
+    password_file: str | None = None
+
+    def resolve(self) -> tuple[str, str]:
+        """Read the username and password now. Raises ConfigError naming the missing place."""
+        user = self.username
+        if user is None and self.username_env:
+            user = os.environ.get(self.username_env)
+            if not user:
+                raise ConfigError(f"auth: the environment variable {self.username_env} (username_env) is not set.")
+        if not user:
+            raise ConfigError("auth: set username or username_env for this target.")
+        if self.password_env:
+            password = os.environ.get(self.password_env)
+            if password is None:
+                raise ConfigError(f"auth: the environment variable {self.password_env} (password_env) is not set.")
+        elif self.password_file:
+            try:
+                password = Path(self.password_file).read_text().rstrip("\r\n")
+            except OSError as err:
+                raise ConfigError(
+                    f"auth: cannot read password_file {self.password_file}: {err.strerror or err}."
+                ) from None
+        else:
+            raise ConfigError("auth: set password_env or password_file for this target.")
+        return user, password
+
+
+@dataclass(frozen=True)
+class Target:
+    """One gateway to watch."""
+
+    name: str
+    kind: str
+    url: str | None = None
+    path: str | None = None
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    auth: AuthConfig | None = None
+    memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES
+    #: how many reads of this target may run at once (per-session trace reads, DNS checks)
+    concurrency: int = 8
+
+    @property
+    def address(self) -> str:
+        """Where it is, for messages and JSON (never carries credentials)."""
+        return self.url or self.path or ""
+
+
+@dataclass
+class Policy:
+    """The thresholds every finding uses."""
+
+    orphan_idle_seconds: float = 7200.0
+    max_weight_lag: int = 2
+    standard_pool: int = 512
+    custom_pool: int = 64
+    queue_per_worker: int = 16
+    env_file: str | None = None
+    #: warnings raised while resolving the policy (e.g. an unusable override in the env file)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    targets: list[Target]
+    policy: Policy
+    source: str | None = None  # the file it came from, if any
+    #: raw ``[exporter]`` table, validated by the exporter itself
+    exporter: dict[str, Any] = field(default_factory=dict)
+
+    def target(self, name: str) -> Target:
+        for target in self.targets:
+            if target.name == name:
+                return target
+        known = ", ".join(t.name for t in self.targets) or "none"
+        raise ConfigError(f"No target named {name!r} (configured: {known}).")
+
+
+# -- validation helpers -------------------------------------------------------------------------
+
+_TARGET_KEYS = {"name", "kind", "url", "path", "timeout_seconds", "auth", "memory_limit_bytes", "concurrency"}
+_AUTH_KEYS = {"username", "username_env", "password_env", "password_file"}
+_POLICY_KEYS = {"orphan_idle_seconds", "max_weight_lag", "standard_pool", "custom_pool", "queue_per_worker",
+                "env_file"}
+_TOP_KEYS = {"targets", "policy", "exporter"}
+
+
+class _Problems:
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+        self.lines: list[str] = []
+
+    def add(self, key: str, message: str) -> None:
+        self.lines.append(f"{self.origin}: {key}: {message}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_url(value: Any, key: str, problems: _Problems) -> str | None:
+    if not isinstance(value, str) or not value:
+        problems.add(key, f"expected a URL string like \"http://127.0.0.1:9090\", got {value!r}")
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        problems.add(key, f"expected an http:// or https:// URL with a host, got {value!r}")
+        return None
+    if parts.username or parts.password:
+        problems.add(key, "must not carry credentials; use the [targets.auth] table instead")
+        return None
+    return value.rstrip("/")
+
+
+def _parse_auth(raw: Any, key: str, problems: _Problems) -> AuthConfig | None:
+    if not isinstance(raw, dict):
+        problems.add(key, "expected a table with username/username_env and password_env/password_file")
+        return None
+    for extra in sorted(set(raw) - _AUTH_KEYS):
+        hint = " (a password never goes in the file: use password_env or password_file)" if extra == "password" \
+            else ""
+        problems.add(f"{key}.{extra}", f"unknown key{hint}; expected one of {', '.join(sorted(_AUTH_KEYS))}")
+    values = {}
+    for name in _AUTH_KEYS:
+        if name in raw:
+            if not isinstance(raw[name], str) or not raw[name]:
+                problems.add(f"{key}.{name}", f"expected a non-empty string, got {raw[name]!r}")
+            else:
+                values[name] = raw[name]
+    if "username" not in values and "username_env" not in values:
+        problems.add(key, "needs username or username_env")
+    if ("password_env" in values) == ("password_file" in values):
+        problems.add(key, "needs exactly one of password_env or password_file")
+    return AuthConfig(**values)
+
+
+def _parse_target(raw: Any, index: int, problems: _Problems) -> Target | None:
+    key = f"targets[{index}]"
+    if not isinstance(raw, dict):
+        problems.add(key, "expected a table ([[targets]])")
+        return None
+    for extra in sorted(set(raw) - _TARGET_KEYS):
+        problems.add(f"{key}.{extra}", f"unknown key; expected one of {', '.join(sorted(_TARGET_KEYS))}")
+    before = len(problems.lines)
+    name = raw.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,100}", name or ""):
+        problems.add(f"{key}.name", f"expected a short name of letters, digits, '_', '-', '.', ':', got {name!r}")
+    kind = raw.get("kind")
+    if kind not in KINDS:
+        problems.add(f"{key}.kind", f"expected \"rllm\" or \"bifrost\", got {kind!r}")
+    url = path = None
+    if "url" in raw:
+        url = _check_url(raw["url"], f"{key}.url", problems)
+    if "path" in raw:
+        if kind == "bifrost":
+            problems.add(f"{key}.path", "a bifrost target is read over HTTP: give url, not path")
+        elif not isinstance(raw["path"], str) or not raw["path"]:
+            problems.add(f"{key}.path", f"expected the path of a SQLite trace store, got {raw['path']!r}")
+        else:
+            path = os.path.expanduser(raw["path"])
+    if kind == "rllm" and ("url" in raw) == ("path" in raw):
+        problems.add(key, "an rllm target needs exactly one of url (the gateway) or path (its SQLite file)")
+    if kind == "bifrost" and "url" not in raw:
+        problems.add(key, "a bifrost target needs url (its management API)")
+    timeout = raw.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
+    if not _is_number(timeout) or timeout <= 0:
+        problems.add(f"{key}.timeout_seconds", f"expected a positive number of seconds, got {timeout!r}")
+    limit = raw.get("memory_limit_bytes", DEFAULT_MEMORY_LIMIT_BYTES)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        problems.add(f"{key}.memory_limit_bytes", f"expected a positive whole number of bytes, got {limit!r}")
+    concurrency = raw.get("concurrency", 8)
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or not 1 <= concurrency <= 256:
+        problems.add(f"{key}.concurrency", f"expected a whole number from 1 to 256, got {concurrency!r}")
+    auth = _parse_auth(raw["auth"], f"{key}.auth", problems) if "auth" in raw else None
+    if auth is not None and kind == "rllm":
+        problems.add(f"{key}.auth", "the rLLM gateway has no authentication; remove this table")
+    if len(problems.lines) > before:
+        return None
+    return Target(name=name, kind=kind, url=url, path=path, timeout_seconds=float(timeout), auth=auth,  # type: ignore[arg-type]
+                  memory_limit_bytes=limit, concurrency=concurrency)
+
+
+def _parse_policy(raw: Any, problems: _Problems) -> Policy:
+    policy = Policy()
+    if not isinstance(raw, dict):
+        problems.add("policy", "expected a table ([policy])")
+        return policy
+    for extra in sorted(set(raw) - _POLICY_KEYS):
+        problems.add(f"policy.{extra}", f"unknown key; expected one of {', '.join(sorted(_POLICY_KEYS))}")
+    if "orphan_idle_seconds" in raw:
+        value = raw["orphan_idle_seconds"]
+        if not _is_number(value) or value <= 0:
+            problems.add("policy.orphan_idle_seconds", f"expected a positive number of seconds, got {value!r}")
+        else:
+            policy.orphan_idle_seconds = float(value)
+    for name in ("max_weight_lag", "standard_pool", "custom_pool", "queue_per_worker"):
+        if name in raw:
+            value = raw[name]
+            minimum = 0 if name == "max_weight_lag" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                problems.add(f"policy.{name}", f"expected a whole number >= {minimum}, got {value!r}")
+            else:
+                setattr(policy, name, value)
+    if "env_file" in raw:
+        if not isinstance(raw["env_file"], str) or not raw["env_file"]:
+            problems.add("policy.env_file", f"expected a path, got {raw['env_file']!r}")
+        else:
+            policy.env_file = os.path.expanduser(raw["env_file"])
+    return policy
+
+
+def parse_config(data: dict[str, Any], origin: str = "<config>") -> Config:
+    """Validate a parsed TOML document. Raises ConfigError with every problem found."""
+    problems = _Problems(origin)
+    for extra in sorted(set(data) - _TOP_KEYS):
+        problems.add(extra, "unknown section; expected [[targets]], [policy] or [exporter]")
+    raw_targets = data.get("targets", [])
+    targets: list[Target] = []
+    if not isinstance(raw_targets, list):
+        problems.add("targets", "expected an array of tables ([[targets]])")
+        raw_targets = []
+    for index, raw in enumerate(raw_targets):
+        target = _parse_target(raw, index, problems)
+        if target is not None:
+            targets.append(target)
+    seen: set[str] = set()
+    for index, target in enumerate(targets):
+        if target.name in seen:
+            problems.add(f"targets[{index}].name", f"{target.name!r} is used by another target; names must be unique")
+        seen.add(target.name)
+    policy = _parse_policy(data.get("policy", {}), problems)
+    exporter = data.get("exporter", {})
+    if not isinstance(exporter, dict):
+        problems.add("exporter", "expected a table ([exporter])")
+        exporter = {}
+    if problems.lines:
+        raise ConfigError(problems.lines)
+    config = Config(targets=targets, policy=policy, source=origin, exporter=exporter)
+    if policy.env_file:
+        apply_env_file(policy, policy.env_file)
+    return config
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a TOML config file."""
+    origin = str(path)
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"{origin}: no such file; pass --config with the path of your gatewayscope.toml") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{origin}: is a folder; pass the TOML file itself") from None
+    except OSError as err:
+        raise ConfigError(f"{origin}: cannot read it: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{origin}: not valid TOML: {err}") from None
+    return parse_config(data, origin)
+
+
+# -- quick-look flags ---------------------------------------------------------------------------
+
+def target_from_address(address: str, kind: str, index: int, timeout_seconds: float) -> Target:
+    """A target from a ``--trace-store URL|PATH`` or ``--bifrost URL`` flag."""
+    problems = _Problems("command line")
+    flag = "--trace-store" if kind == "rllm" else "--bifrost"
+    if address.startswith(("http://", "https://")):
+        url = _check_url(address, flag, problems)
+        if problems.lines:
+            raise ConfigError(problems.lines)
+        return Target(name=f"{kind}-{index}", kind=kind, url=url, timeout_seconds=timeout_seconds)
+    if kind == "bifrost" or "://" in address:
+        raise ConfigError(f"command line: {flag}: expected an http:// or https:// URL, got {address!r}")
+    return Target(name=f"{kind}-{index}", kind=kind, path=os.path.expanduser(address),
+                  timeout_seconds=timeout_seconds)
+
+
+def build_config(
+    config_path: str | None,
+    *,
+    trace_stores: Sequence[str] = (),
+    bifrost_urls: Sequence[str] = (),
+    timeout_seconds: float | None = None,
+    orphan_idle_seconds: float | None = None,
+    max_weight_lag: int | None = None,
+) -> Config:
+    """The config a command runs with: the file (if any), then flag targets and policy overrides."""
+    config = load_config(config_path) if config_path else Config(targets=[], policy=Policy())
+    timeout = timeout_seconds if timeout_seconds is not None else DEFAULT_TIMEOUT_SECONDS
+    for index, address in enumerate(trace_stores):
+        config.targets.append(target_from_address(address, "rllm", index, timeout))
+    for index, address in enumerate(bifrost_urls):
+        config.targets.append(target_from_address(address, "bifrost", index, timeout))
+    if timeout_seconds is not None:
+        config.targets = [replace(t, timeout_seconds=timeout_seconds) for t in config.targets]
+    if orphan_idle_seconds is not None:
+        if orphan_idle_seconds <= 0:
+            raise ConfigError("command line: --orphan-idle-seconds: expected a positive number of seconds")
+        config.policy.orphan_idle_seconds = orphan_idle_seconds
+    if max_weight_lag is not None:
+        if max_weight_lag < 0:
+            raise ConfigError("command line: --max-weight-lag: expected a whole number >= 0")
+        config.policy.max_weight_lag = max_weight_lag
+    if not config.targets:
+        raise ConfigError(
+            "No targets: pass --config FILE with [[targets]], or --trace-store URL|PATH / --bifrost URL."
+        )
+    return config
+
+
+# -- the platform's pool overrides ---------------------------------------------------------------
+
+def read_env_file(path: str) -> dict[str, str]:
+    """Parse a dotenv file: KEY=VALUE lines, optional ``export``, quotes, ``#`` comments."""
+    values: dict[str, str] = {}
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ConfigError(f"policy.env_file: cannot read {path}: {err.strerror or err}") from None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):].lstrip()
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        else:
+            value = value.split(" #", 1)[0].strip()
+        values[key.strip()] = value
+    return values
+
+
+def pool_override(raw: str | None, default: int, variable: str) -> tuple[int, str | None]:
+    """The seed's rule for one override: not a positive whole number keeps the default with one
+    warning; above 5,000 is held at 5,000. Returns (pool, warning or None).
+
+    >>> pool_override("64", 512, "X")
+    (64, None)
+    >>> pool_override("abc", 512, "X")[0]
+    512
+    >>> pool_override("9000", 512, "X")[0]
+    5000
+    """
+    if raw is None or raw == "":
+        return default, None
+    text = raw.strip()
+    if not re.fullmatch(r"\+?[0-9]+", text) or int(text) <= 0:
+        return default, (f"{variable}={raw!r} is not a positive whole number; keeping the default {default} "
+                         "(the gateway would refuse every provision with it)")
+    value = int(text)
+    if value > POOL_OVERRIDE_CEILING:
+        return POOL_OVERRIDE_CEILING, (f"{variable}={value} is above {POOL_OVERRIDE_CEILING}, the gateway's default "
+                                       f"connections per upstream host; held at {POOL_OVERRIDE_CEILING}")
+    return value, None
+
+
+def apply_env_file(policy: Policy, path: str) -> None:
+    """Take the platform's pool overrides from its env file into ``policy`` (warnings kept on it)."""
+    values = read_env_file(path)
+    for variable, attribute in ((STANDARD_POOL_ENV, "standard_pool"), (CUSTOM_POOL_ENV, "custom_pool")):
+        pool, warning = pool_override(values.get(variable), getattr(policy, attribute), variable)
+        setattr(policy, attribute, pool)
+        if warning:
+            policy.warnings.append(warning)

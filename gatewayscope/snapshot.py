@@ -1,0 +1,248 @@
+"""A Snapshot: what the sources read from every target at one moment, as plain data.
+
+Polars frames plus small dataclasses, nothing live: a Snapshot can be saved to a folder
+(``manifest.json`` plus one parquet file per frame) and loaded again, so an analysis can be
+re-run offline and a bug report can carry one. It never holds a secret: sources strip them
+before anything reaches a Snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from gatewayscope import __version__
+from gatewayscope.errors import GatewayscopeError
+
+SNAPSHOT_FORMAT = 1
+
+#: one row per session the trace store lists
+SESSIONS_SCHEMA: dict[str, Any] = {
+    "session_id": pl.String,
+    "trace_count": pl.Int64,
+    "created_at": pl.Float64,  # epoch seconds; the gateway's creation time or its first trace's
+    "last_trace_at": pl.Float64,  # epoch seconds of the newest trace, when the source knows it cheaply
+}
+
+#: one row per trace read for a candidate session (one-trace or tombstoned sessions only)
+CANDIDATE_TRACES_SCHEMA: dict[str, Any] = {
+    "session_id": pl.String,
+    "trace_id": pl.String,
+    "timestamp": pl.Float64,
+    "weight_version": pl.Int64,  # null when the gateway does not record weight versions
+    "prompt_tokens": pl.Int64,
+    "prompt_chars": pl.Int64,
+    "model": pl.String,
+}
+
+#: one row per Bifrost provider record, secrets already stripped
+RECORDS_SCHEMA: dict[str, Any] = {
+    "name": pl.String,
+    "is_custom": pl.Boolean,  # carries custom_provider_config
+    "base_provider_type": pl.String,
+    "concurrency": pl.Int64,
+    "buffer_size": pl.Int64,
+    "base_url": pl.String,
+    "provider_status": pl.String,
+    "fingerprint": pl.String,  # hash of the record's state, secrets replaced by their hash
+}
+
+#: one row per distinct base URL host checked for reachability
+REACHABILITY_SCHEMA: dict[str, Any] = {
+    "host": pl.String,
+    "resolves": pl.Boolean,
+    "error": pl.String,
+}
+
+
+def empty_frame(schema: dict[str, Any]) -> pl.DataFrame:
+    return pl.DataFrame(schema=schema)
+
+
+def frame_from_rows(rows: list[dict[str, Any]] | list[tuple[Any, ...]], schema: dict[str, Any]) -> pl.DataFrame:
+    """Build a frame with exactly ``schema`` from dict rows or tuples in schema order."""
+    if not rows:
+        return empty_frame(schema)
+    if isinstance(rows[0], tuple):
+        return pl.DataFrame(rows, schema=schema, orient="row")
+    return pl.DataFrame(rows, schema=schema)
+
+
+@dataclass
+class GuardStats:
+    """The tombstone guard's figures for one trace store (memory launcher or SQLite triggers)."""
+
+    tombstones: int
+    capacity: int  # 0 = unlimited (SQLite) or disabled (memory, max_tombstones=0); see ``enabled``
+    dropped_writes: int
+    evicted: int = 0
+    enabled: bool = True
+    triggers_intact: bool | None = None  # SQLite only
+    top_droppers: list[dict[str, Any]] = field(default_factory=list)  # [{"session_id", "dropped"}]
+
+
+@dataclass
+class TraceStoreData:
+    """What one rLLM trace store holds, as far as the findings need it."""
+
+    sessions: pl.DataFrame
+    candidate_traces: pl.DataFrame
+    #: ids among ``sessions`` that carry a tombstone (the guard says they were deleted before)
+    tombstoned_ids: list[str] = field(default_factory=list)
+    current_weight_version: int | None = None
+    guard: GuardStats | None = None
+    #: feature probes: {"weight_version": bool, "batch_delete": bool, "guard": bool, ...}
+    capabilities: dict[str, bool] = field(default_factory=dict)
+    #: "rest" or "sqlite"
+    access: str = "rest"
+
+
+@dataclass
+class BifrostData:
+    """What one Bifrost management API reports."""
+
+    records: pl.DataFrame
+    client_config: dict[str, Any]
+    reachability: pl.DataFrame
+    version: str | None = None
+    health: str | None = None
+    auth_enabled: bool | None = None
+
+
+@dataclass
+class TargetSnapshot:
+    """One target's read: its data, or the error that stopped the read, and how long it took."""
+
+    name: str
+    kind: str  # "rllm" | "bifrost"
+    address: str  # URL or SQLite path, never with credentials
+    up: bool
+    started_at: float
+    duration_seconds: float
+    error: str | None = None
+    error_kind: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    trace_store: TraceStoreData | None = None
+    bifrost: BifrostData | None = None
+
+
+@dataclass
+class Snapshot:
+    """Every target's read at one moment."""
+
+    taken_at: float
+    targets: list[TargetSnapshot]
+    tool_version: str = __version__
+
+    def target(self, name: str) -> TargetSnapshot:
+        for snap in self.targets:
+            if snap.name == name:
+                return snap
+        raise KeyError(name)
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def save(self, folder: str | Path) -> Path:
+        """Write the snapshot to ``folder`` (created if needed): manifest.json plus parquet frames."""
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        manifest: dict[str, Any] = {
+            "format": SNAPSHOT_FORMAT,
+            "tool_version": self.tool_version,
+            "taken_at": self.taken_at,
+            "targets": [],
+        }
+        for index, snap in enumerate(self.targets):
+            entry = {k: v for k, v in dataclasses.asdict(_shallow(snap)).items()}
+            entry.pop("trace_store", None)
+            entry.pop("bifrost", None)
+            if snap.trace_store is not None:
+                data = snap.trace_store
+                prefix = f"t{index}"
+                data.sessions.write_parquet(out / f"{prefix}_sessions.parquet")
+                data.candidate_traces.write_parquet(out / f"{prefix}_candidate_traces.parquet")
+                entry["trace_store"] = {
+                    "sessions": f"{prefix}_sessions.parquet",
+                    "candidate_traces": f"{prefix}_candidate_traces.parquet",
+                    "tombstoned_ids": data.tombstoned_ids,
+                    "current_weight_version": data.current_weight_version,
+                    "guard": dataclasses.asdict(data.guard) if data.guard else None,
+                    "capabilities": data.capabilities,
+                    "access": data.access,
+                }
+            if snap.bifrost is not None:
+                bif = snap.bifrost
+                prefix = f"t{index}"
+                bif.records.write_parquet(out / f"{prefix}_records.parquet")
+                bif.reachability.write_parquet(out / f"{prefix}_reachability.parquet")
+                entry["bifrost"] = {
+                    "records": f"{prefix}_records.parquet",
+                    "reachability": f"{prefix}_reachability.parquet",
+                    "client_config": bif.client_config,
+                    "version": bif.version,
+                    "health": bif.health,
+                    "auth_enabled": bif.auth_enabled,
+                }
+            manifest["targets"].append(entry)
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Snapshot:
+        """Read a snapshot written by :meth:`save`."""
+        src = Path(folder)
+        manifest_path = src / "manifest.json"
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except FileNotFoundError:
+            raise GatewayscopeError(f"{src} is not a saved snapshot: it has no manifest.json.") from None
+        except (OSError, ValueError) as err:
+            raise GatewayscopeError(f"Cannot read the snapshot manifest {manifest_path}: {err}") from None
+        if manifest.get("format") != SNAPSHOT_FORMAT:
+            raise GatewayscopeError(
+                f"{manifest_path} has snapshot format {manifest.get('format')!r}; "
+                f"this gatewayscope reads format {SNAPSHOT_FORMAT}."
+            )
+        targets: list[TargetSnapshot] = []
+        for entry in manifest["targets"]:
+            ts_entry = entry.pop("trace_store", None)
+            bif_entry = entry.pop("bifrost", None)
+            snap = TargetSnapshot(**entry)
+            if ts_entry:
+                guard = ts_entry.get("guard")
+                snap.trace_store = TraceStoreData(
+                    sessions=pl.read_parquet(src / ts_entry["sessions"]),
+                    candidate_traces=pl.read_parquet(src / ts_entry["candidate_traces"]),
+                    tombstoned_ids=list(ts_entry.get("tombstoned_ids") or []),
+                    current_weight_version=ts_entry.get("current_weight_version"),
+                    guard=GuardStats(**guard) if guard else None,
+                    capabilities=dict(ts_entry.get("capabilities") or {}),
+                    access=ts_entry.get("access", "rest"),
+                )
+            if bif_entry:
+                snap.bifrost = BifrostData(
+                    records=pl.read_parquet(src / bif_entry["records"]),
+                    reachability=pl.read_parquet(src / bif_entry["reachability"]),
+                    client_config=dict(bif_entry.get("client_config") or {}),
+                    version=bif_entry.get("version"),
+                    health=bif_entry.get("health"),
+                    auth_enabled=bif_entry.get("auth_enabled"),
+                )
+            targets.append(snap)
+        return cls(taken_at=manifest["taken_at"], targets=targets, tool_version=manifest.get("tool_version", ""))
+
+
+def _shallow(snap: TargetSnapshot) -> TargetSnapshot:
+    """A copy without the frames, so ``dataclasses.asdict`` does not try to deep-copy them."""
+    return dataclasses.replace(snap, trace_store=None, bifrost=None)
+
+
+def now() -> float:
+    """The wall clock, in one place so views pass it into the pure analysis."""
+    return time.time()

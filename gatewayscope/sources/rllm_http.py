@@ -1,0 +1,261 @@
+"""Read an rLLM gateway's trace store over its REST API.
+
+One session listing, then trace reads only for the candidates (one-trace sessions idle long
+enough to matter, and sessions that carry a tombstone), batched through ``POST /traces/query``
+with bounded concurrency. Features added upstream after 0.1.0 (weight versions, batch delete)
+and gatewayscope's guard routes are detected from the gateway's OpenAPI document, never from
+its version string.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from gatewayscope.config import Policy, Target
+from gatewayscope.errors import (
+    BadResponseError,
+    GatewayTimeoutError,
+    HTTPStatusError,
+    NotFoundError,
+    SourceError,
+    UnreachableError,
+)
+from gatewayscope.snapshot import (
+    CANDIDATE_TRACES_SCHEMA,
+    SESSIONS_SCHEMA,
+    GuardStats,
+    TraceStoreData,
+    frame_from_rows,
+)
+
+#: session ids per ``POST /traces/query`` (and per guard check)
+QUERY_BATCH = 200
+CHECK_BATCH = 5000
+
+
+class RllmClient:
+    """A thin client for the gateway's REST API; every error becomes a gatewayscope error."""
+
+    def __init__(self, base_url: str, *, timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
+                 max_connections: int = 16) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.Client(
+            base_url=self.base_url, timeout=timeout, transport=transport,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> RllmClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, *, json_body: Any = None, timeout: float | None = None) -> Any:
+        """Send one request and return its parsed JSON, or raise a typed error with a sentence."""
+        url = f"{self.base_url}{path}"
+        try:
+            kwargs: dict[str, Any] = {"json": json_body} if json_body is not None else {}
+            if timeout is not None:
+                kwargs["timeout"] = timeout
+            response = self._client.request(method, path, **kwargs)
+        except httpx.TimeoutException:
+            raise GatewayTimeoutError(
+                f"The rLLM gateway at {self.base_url} did not answer {method} {path} in time; "
+                "raise timeout_seconds if it is busy, or check that it is healthy."
+            ) from None
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as err:
+            raise UnreachableError(
+                f"Cannot reach the rLLM gateway at {self.base_url} ({type(err).__name__}: {err}); "
+                "check the URL and that the gateway is running."
+            ) from None
+        except httpx.HTTPError as err:
+            raise SourceError(f"{method} {url} failed: {err}") from None
+        if response.status_code >= 400:
+            message = _error_message(response)
+            error_type = NotFoundError if response.status_code == 404 else HTTPStatusError
+            raise error_type(response.status_code, message, url=f"{method} {url}")
+        try:
+            return response.json()
+        except ValueError:
+            snippet = response.text[:80].replace("\n", " ")
+            raise BadResponseError(
+                f"{method} {url} answered {response.status_code} with something that is not JSON "
+                f"({snippet!r}...); is this an rLLM gateway?"
+            ) from None
+
+    def openapi_paths(self) -> set[str]:
+        """The routes the gateway declares (FastAPI's /openapi.json); empty if it does not say."""
+        try:
+            document = self.request("GET", "/openapi.json")
+        except (HTTPStatusError, BadResponseError):
+            return set()
+        paths = document.get("paths") if isinstance(document, dict) else None
+        return set(paths) if isinstance(paths, dict) else set()
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200] or response.reason_phrase
+    if isinstance(body, dict):
+        for key in ("error", "detail", "message"):
+            if isinstance(body.get(key), str):
+                return str(body[key])
+    return json.dumps(body)[:200]
+
+
+def _batches(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _as_float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _as_int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_session_listing(body: Any, where: str) -> list[tuple[str, int, float | None, float | None]]:
+    """Validate ``GET /sessions``: rows of (session_id, trace_count, created_at, last_trace_at=None)."""
+    if not isinstance(body, list):
+        raise BadResponseError(f"{where} should be a JSON list of sessions, got {type(body).__name__}.")
+    rows: list[tuple[str, int, float | None, float | None]] = []
+    for item in body:
+        if not isinstance(item, dict) or not isinstance(item.get("session_id"), str):
+            raise BadResponseError(f"{where} holds an entry without a session_id: {str(item)[:80]}")
+        count = _as_int(item.get("trace_count"))
+        if count is None:
+            raise BadResponseError(f"{where}: session {item['session_id']!r} has no whole-number trace_count.")
+        rows.append((item["session_id"], count, _as_float(item.get("created_at")), None))
+    return rows
+
+
+def prompt_chars(messages: Any) -> int | None:
+    """Size of a prompt as the length of its minified JSON (the same measure the SQLite source uses)."""
+    if messages is None:
+        return None
+    return len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False))
+
+
+def trace_row(trace: dict[str, Any]) -> tuple[Any, ...]:
+    """One CANDIDATE_TRACES_SCHEMA row from a trace record (upstream's ``weight_version`` when present)."""
+    prompt_ids = trace.get("prompt_token_ids")
+    raw_counts = trace.get("token_counts")
+    token_counts: dict[str, Any] = raw_counts if isinstance(raw_counts, dict) else {}
+    prompt_tokens = len(prompt_ids) if isinstance(prompt_ids, list) and prompt_ids else _as_int(
+        token_counts.get("prompt"))
+    weight = trace.get("weight_version")
+    if weight is None and isinstance(trace.get("metadata"), dict):
+        weight = trace["metadata"].get("weight_version")
+    return (
+        str(trace.get("session_id", "")),
+        str(trace.get("trace_id", "")),
+        _as_float(trace.get("timestamp")),
+        _as_int(weight),
+        prompt_tokens,
+        prompt_chars(trace.get("messages")),
+        trace.get("model") if isinstance(trace.get("model"), str) else None,
+    )
+
+
+def read_guard_status(client: RllmClient) -> GuardStats | None:
+    """The guarded launcher's figures, or None when the gateway has no guard routes."""
+    try:
+        body = client.request("GET", "/guard/status")
+    except NotFoundError:
+        return None
+    if not isinstance(body, dict):
+        raise BadResponseError("GET /guard/status did not return an object.")
+    return GuardStats(
+        tombstones=int(body.get("tombstones", 0)),
+        capacity=int(body.get("capacity", 0)),
+        dropped_writes=int(body.get("dropped_writes", 0)),
+        evicted=int(body.get("evicted", 0)),
+        enabled=bool(body.get("enabled", True)),
+        top_droppers=[d for d in body.get("top_droppers", []) if isinstance(d, dict)],
+    )
+
+
+def read_trace_store_http(target: Target, policy: Policy, *, now: float,
+                          transport: httpx.BaseTransport | None = None) -> TraceStoreData:
+    """Read the sessions and the candidate traces of a gateway at ``target.url``."""
+    assert target.url, "an HTTP trace-store target needs a url"
+    with RllmClient(target.url, timeout=target.timeout_seconds, transport=transport,
+                    max_connections=target.concurrency) as client:
+        paths = client.openapi_paths()
+        capabilities = {
+            "weight_version": "/admin/weight_version" in paths,
+            "batch_delete": "/sessions/batch_delete" in paths,
+            "guard": "/guard/status" in paths,
+            "openapi": bool(paths),
+        }
+        rows = parse_session_listing(client.request("GET", "/sessions"), f"GET {target.url}/sessions")
+        sessions = frame_from_rows(rows, SESSIONS_SCHEMA)
+
+        current_weight: int | None = None
+        if capabilities["weight_version"]:
+            body = client.request("GET", "/admin/weight_version")
+            current_weight = _as_int(body.get("weight_version")) if isinstance(body, dict) else None
+
+        guard = read_guard_status(client) if capabilities["guard"] or not paths else None
+        capabilities["guard"] = guard is not None
+
+        tombstoned: list[str] = []
+        if guard is not None and guard.tombstones > 0:
+            all_ids = [row[0] for row in rows]
+            for batch in _batches(all_ids, CHECK_BATCH):
+                body = client.request("POST", "/guard/tombstones/check", json_body={"session_ids": batch})
+                if not isinstance(body, dict) or not isinstance(body.get("tombstoned"), list):
+                    raise BadResponseError("POST /guard/tombstones/check did not return {\"tombstoned\": [...]}.")
+                tombstoned.extend(str(s) for s in body["tombstoned"])
+
+        idle_before = now - policy.orphan_idle_seconds
+        tombstoned_set = set(tombstoned)
+        candidates = [
+            sid for sid, count, created_at, _ in rows
+            # created_at is at or before the first trace, so a recent one means a recent trace
+            if sid in tombstoned_set or (count == 1 and (created_at is None or created_at <= idle_before))
+        ]
+        trace_rows: list[tuple[Any, ...]] = []
+
+        def fetch(batch: list[str]) -> list[tuple[Any, ...]]:
+            body = client.request("POST", "/traces/query", json_body={"session_ids": batch})
+            if not isinstance(body, list):
+                raise BadResponseError("POST /traces/query did not return a list of traces.")
+            wanted = set(batch)
+            out = []
+            for trace in body:
+                if isinstance(trace, dict) and trace.get("session_id") in wanted:
+                    out.append(trace_row(trace))
+            return out
+
+        with ThreadPoolExecutor(max_workers=target.concurrency) as pool:
+            for part in pool.map(fetch, _batches(candidates, QUERY_BATCH)):
+                trace_rows.extend(part)
+
+    return TraceStoreData(
+        sessions=sessions,
+        candidate_traces=frame_from_rows(trace_rows, CANDIDATE_TRACES_SCHEMA),
+        tombstoned_ids=tombstoned,
+        current_weight_version=current_weight,
+        guard=guard,
+        capabilities=capabilities,
+        access="rest",
+    )
+
+
+def session_path(session_id: str) -> str:
+    """The path of one session, with the id escaped so ``/`` or spaces in an id cannot change the route."""
+    return f"/sessions/{quote(session_id, safe='')}"

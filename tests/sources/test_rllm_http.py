@@ -1,0 +1,112 @@
+"""The REST source against a scripted transport: what it reads, and what it says when a gateway misbehaves."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from gatewayscope.config import Policy, Target
+from gatewayscope.errors import BadResponseError, GatewayTimeoutError, HTTPStatusError, UnreachableError
+from gatewayscope.sources.rllm_http import read_trace_store_http, session_path
+
+NOW = 100_000.0
+TARGET = Target(name="gw", kind="rllm", url="http://gw.test:9090", concurrency=2)
+
+
+def gateway(sessions: list[dict], traces: dict[str, list[dict]], *, paths: dict | None = None,
+            weight: int | None = None, tombstoned: set[str] | None = None, calls: list[str] | None = None):
+    def handler(request: httpx.Request) -> httpx.Response:
+        if calls is not None:
+            calls.append(f"{request.method} {request.url.path}")
+        path = request.url.path
+        if path == "/openapi.json":
+            return httpx.Response(200, json={"paths": paths or {"/sessions": {}}})
+        if path == "/sessions":
+            return httpx.Response(200, json=sessions)
+        if path == "/admin/weight_version" and weight is not None:
+            return httpx.Response(200, json={"weight_version": weight})
+        if path == "/traces/query":
+            ids = json.loads(request.content)["session_ids"]
+            return httpx.Response(200, json=[t for sid in ids for t in traces.get(sid, [])])
+        if path == "/guard/status" and tombstoned is not None:
+            return httpx.Response(200, json={"enabled": True, "tombstones": len(tombstoned), "capacity": 10,
+                                             "dropped_writes": 4, "evicted": 0, "top_droppers": []})
+        if path == "/guard/tombstones/check" and tombstoned is not None:
+            ids = json.loads(request.content)["session_ids"]
+            return httpx.Response(200, json={"tombstoned": [s for s in ids if s in tombstoned]})
+        return httpx.Response(404, json={"detail": "Not Found"})
+    return httpx.MockTransport(handler)
+
+
+def trace(sid: str, ts: float, weight: int | None = None) -> dict:
+    return {"trace_id": f"t-{sid}", "session_id": sid, "timestamp": ts, "weight_version": weight, "model": "m",
+            "messages": [{"role": "user", "content": "hello"}], "prompt_token_ids": [1, 2, 3],
+            "token_counts": {"prompt": 3}}
+
+
+def test_reads_only_candidate_traces() -> None:
+    sessions = [
+        {"session_id": "old:0", "trace_count": 1, "created_at": NOW - 9000, "metadata": {}},
+        {"session_id": "new:0", "trace_count": 1, "created_at": NOW - 10, "metadata": {}},
+        {"session_id": "many:0", "trace_count": 4, "created_at": NOW - 9000, "metadata": {}},
+    ]
+    calls: list[str] = []
+    transport = gateway(sessions, {"old:0": [trace("old:0", NOW - 8000, 3)]}, weight=7, calls=calls,
+                        paths={"/sessions": {}, "/admin/weight_version": {}, "/sessions/batch_delete": {}})
+    data = read_trace_store_http(TARGET, Policy(orphan_idle_seconds=7200), now=NOW, transport=transport)
+    assert data.sessions.height == 3
+    assert data.candidate_traces["session_id"].to_list() == ["old:0"]
+    assert data.candidate_traces.row(0, named=True)["weight_version"] == 3
+    assert data.candidate_traces.row(0, named=True)["prompt_tokens"] == 3
+    assert data.current_weight_version == 7
+    assert data.capabilities == {"weight_version": True, "batch_delete": True, "guard": False, "openapi": True}
+    assert calls.count("POST /traces/query") == 1
+
+
+def test_guarded_gateway_reports_tombstones() -> None:
+    sessions = [{"session_id": f"s{i}:0", "trace_count": 1, "created_at": NOW - 5, "metadata": {}} for i in range(3)]
+    transport = gateway(sessions, {"s1:0": [trace("s1:0", NOW - 5)]}, tombstoned={"s1:0", "gone:0"},
+                        paths={"/sessions": {}, "/guard/status": {}})
+    data = read_trace_store_http(TARGET, Policy(), now=NOW, transport=transport)
+    assert data.tombstoned_ids == ["s1:0"]
+    assert data.guard is not None and data.guard.tombstones == 2 and data.guard.dropped_writes == 4
+    assert data.candidate_traces["session_id"].to_list() == ["s1:0"]
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [(b"<html>oops</html>", "not JSON"), (b'{"sessions": []}', "should be a JSON list"),
+     (b'[{"id": 1}]', "without a session_id"), (b'[{"session_id": "a", "trace_count": "x"}]', "trace_count")],
+)
+def test_garbage_listing_is_a_bad_response(body: bytes, match: str) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/openapi.json":
+            return httpx.Response(404)
+        return httpx.Response(200, content=body)
+    with pytest.raises(BadResponseError, match=match):
+        read_trace_store_http(TARGET, Policy(), now=NOW, transport=httpx.MockTransport(handler))
+
+
+def test_transport_failures_are_typed_sentences() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("Connection refused", request=request)
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    def error(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": "overloaded"})
+
+    with pytest.raises(UnreachableError, match="Cannot reach the rLLM gateway at http://gw.test:9090"):
+        read_trace_store_http(TARGET, Policy(), now=NOW, transport=httpx.MockTransport(refuse))
+    with pytest.raises(GatewayTimeoutError, match="did not answer"):
+        read_trace_store_http(TARGET, Policy(), now=NOW, transport=httpx.MockTransport(slow))
+    with pytest.raises(HTTPStatusError, match="HTTP 503 .*overloaded"):
+        read_trace_store_http(TARGET, Policy(), now=NOW, transport=httpx.MockTransport(error))
+
+
+def test_session_path_escapes_odd_ids() -> None:
+    assert session_path("a/b c:1") == "/sessions/a%2Fb%20c%3A1"
+    assert session_path("../admin") == "/sessions/..%2Fadmin"

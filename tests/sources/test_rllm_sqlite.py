@@ -1,0 +1,123 @@
+"""The SQLite source on files written by the gateway's own SqliteTraceStore."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from gatewayscope.analysis.orphans import find_orphans
+from gatewayscope.config import Policy, Target
+from gatewayscope.errors import StoreError
+from gatewayscope.sources.rllm_sqlite import iter_session_pages, read_trace_store_sqlite
+
+rllm_sqlite = pytest.importorskip("rllm_model_gateway.store.sqlite_store")
+
+HOUR = 3600.0
+
+
+def make_store(path: Path, sessions: dict[str, int], *, weight: dict[str, int] | None = None) -> None:
+    """Write ``sessions`` (id -> trace count) through the gateway's own store class."""
+
+    async def go() -> None:
+        store = rllm_sqlite.SqliteTraceStore(db_path=str(path))
+        for sid, count in sessions.items():
+            for i in range(count):
+                data = {"trace_id": f"{sid}/{i}", "session_id": sid,
+                        "messages": [{"role": "user", "content": "x" * 50}],
+                        "prompt_token_ids": list(range(30)), "token_counts": {"prompt": 30}, "model": "stub",
+                        "timestamp": time.time()}
+                if weight and sid in weight:
+                    data["weight_version"] = weight[sid]
+                await store.store_trace(f"{sid}/{i}", sid, data)
+        await store.close()
+
+    asyncio.run(go())
+
+
+def age(path: Path, sid: str, seconds: float) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE trace_sessions SET created_at = created_at - ? WHERE session_id = ?", (seconds, sid))
+        conn.execute("UPDATE traces SET created_at = created_at - ? WHERE trace_id IN "
+                     "(SELECT trace_id FROM trace_sessions WHERE session_id = ?)", (seconds, sid))
+
+
+def target(path: Path) -> Target:
+    return Target(name="file", kind="rllm", path=str(path), timeout_seconds=0.2)
+
+
+def test_reads_sessions_and_candidates_read_only(tmp_path: Path) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {"t1:0": 1, "t1:1": 1, "t2:0": 3, "t3:0": 1}, weight={"t1:0": 1, "t1:1": 5, "t3:0": 5})
+    age(db, "t1:0", 3 * HOUR)
+    age(db, "t1:1", 3 * HOUR)
+    age(db, "t2:0", 3 * HOUR)
+    before = db.read_bytes()
+    data = read_trace_store_sqlite(target(db), Policy(orphan_idle_seconds=2 * HOUR), now=time.time(), page_size=2)
+    assert db.read_bytes() == before, "the source must never write to the store"
+    assert data.sessions.height == 4 and int(data.sessions["trace_count"].sum()) == 6
+    assert sorted(data.candidate_traces["session_id"]) == ["t1:0", "t1:1"]
+    assert data.current_weight_version == 5 and data.capabilities["weight_version"]
+    assert set(data.candidate_traces["prompt_tokens"]) == {30}
+    orphans = find_orphans(data, Policy(orphan_idle_seconds=2 * HOUR, max_weight_lag=2), time.time())
+    # t1:1 is idle but at the current weight version: live, not an orphan
+    assert orphans["session_id"].to_list() == ["t1:0"]
+
+
+def test_pages_cover_every_session_exactly_once(tmp_path: Path) -> None:
+    db = tmp_path / "traces.db"
+    ids = {f"s{i:03d}:0": 1 + i % 3 for i in range(57)}
+    make_store(db, ids)
+    conn = sqlite3.connect(db)
+    seen = [row[0] for page in iter_session_pages(conn, page_size=10) for row in page]
+    conn.close()
+    assert seen == sorted(ids)
+
+
+def test_works_on_a_wal_file(tmp_path: Path) -> None:
+    db = tmp_path / "wal.db"
+    make_store(db, {"a:0": 1})
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+        conn.execute("INSERT INTO traces VALUES ('x', '{}', 1.0)")
+        conn.execute("INSERT INTO trace_sessions VALUES ('x', 'b:0', 1.0)")
+        conn.commit()
+        conn.execute("INSERT INTO trace_sessions VALUES ('x', 'uncommitted:0', 1.0)")  # writer mid-transaction
+        data = read_trace_store_sqlite(target(db), Policy(), now=time.time())
+        assert sorted(data.sessions["session_id"]) == ["a:0", "b:0"]
+
+
+def test_missing_file_folder_and_garbage(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no such file"):
+        read_trace_store_sqlite(target(tmp_path / "nope.db"), Policy(), now=0)
+    with pytest.raises(StoreError, match="is a folder"):
+        read_trace_store_sqlite(target(tmp_path), Policy(), now=0)
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(StoreError, match="not a SQLite database"):
+        read_trace_store_sqlite(target(junk), Policy(), now=0)
+
+
+def test_not_a_trace_store(tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER)")
+    with pytest.raises(StoreError, match="not an rLLM trace store: it has no 'traces' table"):
+        read_trace_store_sqlite(target(other), Policy(), now=0)
+
+
+def test_locked_file_gives_a_clear_message(tmp_path: Path) -> None:
+    db = tmp_path / "locked.db"
+    make_store(db, {"a:0": 1})
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(StoreError, match="locked by another process"):
+            read_trace_store_sqlite(target(db), Policy(), now=0)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()

@@ -1,0 +1,207 @@
+"""Configuration: the documented shape loads; every wrong file gives one clear line per problem."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gatewayscope.cli import main
+from gatewayscope.config import (
+    CUSTOM_POOL_ENV,
+    STANDARD_POOL_ENV,
+    AuthConfig,
+    build_config,
+    load_config,
+    pool_override,
+)
+from gatewayscope.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str, name: str = "gatewayscope.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_documented_shape_loads(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        [[targets]]
+        name = "rl-gateway"
+        kind = "rllm"
+        url = "http://127.0.0.1:9090"
+        timeout_seconds = 10
+
+        [[targets]]
+        name = "rl-file"
+        kind = "rllm"
+        path = "/srv/rllm/gateway_traces.db"
+
+        [[targets]]
+        name = "bifrost"
+        kind = "bifrost"
+        url = "http://127.0.0.1:8080/"
+        memory_limit_bytes = 1073741824
+        [targets.auth]
+        username = "admin"
+        password_env = "BIFROST_PW"
+
+        [policy]
+        orphan_idle_seconds = 7200
+        max_weight_lag = 2
+    """)
+    config = load_config(path)
+    assert [t.name for t in config.targets] == ["rl-gateway", "rl-file", "bifrost"]
+    assert config.targets[0].url == "http://127.0.0.1:9090"
+    assert config.targets[1].path == "/srv/rllm/gateway_traces.db"
+    assert config.targets[2].url == "http://127.0.0.1:8080"
+    assert config.targets[2].memory_limit_bytes == 1 << 30
+    assert config.targets[2].auth == AuthConfig(username="admin", password_env="BIFROST_PW")
+    assert config.policy.orphan_idle_seconds == 7200
+    assert (config.policy.standard_pool, config.policy.custom_pool, config.policy.queue_per_worker) == (512, 64, 16)
+
+
+def test_every_problem_is_one_line_naming_file_and_key(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        [[targets]]
+        name = "a"
+        kind = "rllm"
+        url = "ftp://x"
+        timeout_seconds = -1
+
+        [[targets]]
+        name = "a b"
+        kind = "nginx"
+
+        [[targets]]
+        name = "c"
+        kind = "rllm"
+        url = "http://h:1"
+        path = "/x.db"
+
+        [[targets]]
+        name = "d"
+        kind = "bifrost"
+        url = "http://h:2"
+        [targets.auth]
+        username = "admin"
+        password = "hunter2"
+
+        [policy]
+        orphan_idle_seconds = "soon"
+        max_weight_lag = -3
+        colour = "red"
+    """)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    problems = info.value.problems
+    text = "\n".join(problems)
+    assert all(line.startswith(f"{path}: ") for line in problems)
+    assert "targets[0].url: expected an http:// or https:// URL" in text
+    assert "targets[0].timeout_seconds: expected a positive number" in text
+    assert "targets[1].name:" in text and "targets[1].kind: expected \"rllm\" or \"bifrost\", got 'nginx'" in text
+    assert "targets[2]: an rllm target needs exactly one of url" in text
+    assert "targets[3].auth.password: unknown key (a password never goes in the file" in text
+    assert "policy.orphan_idle_seconds: expected a positive number of seconds, got 'soon'" in text
+    assert "policy.max_weight_lag: expected a whole number >= 0, got -3" in text
+    assert "policy.colour: unknown key" in text
+    assert "hunter2" not in text
+
+
+def test_duplicate_names_and_bad_toml(tmp_path: Path) -> None:
+    dup = write(tmp_path, """
+        [[targets]]
+        name = "x"
+        kind = "rllm"
+        url = "http://a:1"
+        [[targets]]
+        name = "x"
+        kind = "rllm"
+        url = "http://a:2"
+    """)
+    with pytest.raises(ConfigError, match=r"targets\[1\].name: 'x' is used by another target"):
+        load_config(dup)
+    broken = write(tmp_path, "[[targets]\nname=", name="broken.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(broken)
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_cli_bad_config_exits_2_with_one_line_per_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, """
+        [[targets]]
+        name = "x"
+        kind = "bifrost"
+        [policy]
+        custom_pool = 0
+    """)
+    assert main(["scan", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2
+    assert "targets[0]: a bifrost target needs url" in err[0]
+    assert "policy.custom_pool: expected a whole number >= 1, got 0" in err[1]
+
+
+def test_cli_without_targets_says_what_to_do(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scan"]) == 2
+    assert "No targets: pass --config FILE" in capsys.readouterr().err
+
+
+def test_cli_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["scan", "--format", "yaml"])
+    assert info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_flags_make_targets_and_override_policy() -> None:
+    config = build_config(None, trace_stores=["http://127.0.0.1:9/", "/tmp/x.db"], bifrost_urls=["http://b:8080"],
+                          timeout_seconds=3, orphan_idle_seconds=60, max_weight_lag=0)
+    assert [(t.kind, t.url, t.path) for t in config.targets] == [
+        ("rllm", "http://127.0.0.1:9", None), ("rllm", None, "/tmp/x.db"), ("bifrost", "http://b:8080", None)]
+    assert all(t.timeout_seconds == 3 for t in config.targets)
+    assert config.policy.orphan_idle_seconds == 60 and config.policy.max_weight_lag == 0
+    with pytest.raises(ConfigError, match="--bifrost: expected an http"):
+        build_config(None, bifrost_urls=["/path"])
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected", "warns"),
+    [("64", 64, False), ("+7", 7, False), ("0", 512, True), ("-5", 512, True), ("1.5", 512, True),
+     ("lots", 512, True), ("5000", 5000, False), ("5001", 5000, True), (None, 512, False), ("", 512, False)],
+)
+def test_pool_override_rules(raw: str | None, expected: int, warns: bool) -> None:
+    pool, warning = pool_override(raw, 512, STANDARD_POOL_ENV)
+    assert pool == expected
+    assert (warning is not None) == warns
+
+
+def test_env_file_overrides_with_one_warning_each(tmp_path: Path) -> None:
+    env = tmp_path / ".env"
+    env.write_text(f"# platform\nexport {STANDARD_POOL_ENV}=\"256\"\n{CUSTOM_POOL_ENV}=many  # typo\nOTHER=1\n")
+    path = write(tmp_path, f"""
+        [[targets]]
+        name = "b"
+        kind = "bifrost"
+        url = "http://127.0.0.1:8080"
+        [policy]
+        env_file = "{env}"
+    """)
+    config = load_config(path)
+    assert config.policy.standard_pool == 256
+    assert config.policy.custom_pool == 64
+    assert len(config.policy.warnings) == 1 and CUSTOM_POOL_ENV in config.policy.warnings[0]
+
+
+def test_auth_resolves_from_env_or_file_and_never_from_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GS_USER", "admin")
+    monkeypatch.setenv("GS_PW", "s3cret-pw")
+    assert AuthConfig(username_env="GS_USER", password_env="GS_PW").resolve() == ("admin", "s3cret-pw")
+    secret = tmp_path / "pw"
+    secret.write_text("from-file\n")
+    assert AuthConfig(username="u", password_file=str(secret)).resolve() == ("u", "from-file")
+    with pytest.raises(ConfigError, match="GS_MISSING"):
+        AuthConfig(username="u", password_env="GS_MISSING").resolve()
+    assert "s3cret" not in repr(AuthConfig(username_env="GS_USER", password_env="GS_PW"))
