@@ -1,0 +1,294 @@
+"""``gatewayscope guard``: install, inspect and manage the tombstone guard.
+
+A thin shell over :mod:`gatewayscope.guard.sqlite` (the triggers installed into the gateway's SQLite file)
+and :mod:`gatewayscope.guard.backfill` (tombstone backfill and lift, on a SQLite file or a guarded
+gateway's URL). Every error is one of gatewayscope's typed errors; ``gatewayscope`` prints its sentence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+import time
+from typing import Any
+
+from gatewayscope.guard import backfill as guard_backfill
+from gatewayscope.guard import sqlite as sqlite_guard
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+_RETRY_HINT = (
+    "A live session listed here (an rLLM retry that reuses a deleted uid: the SQLite store never sees its "
+    "POST /sessions) is let through again with: gatewayscope guard lift {target} SESSION_ID"
+)
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative; give 0 (unlimited) or more")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    """Add ``guard`` and its actions."""
+    parser = subparsers.add_parser(
+        "guard",
+        help="the tombstone guard: stop straggling trace writes from resurrecting deleted sessions",
+        description=textwrap.fill(
+            "The tombstone guard stops the rLLM gateway from resurrecting a deleted session when a "
+            "straggling trace write lands after its delete. For '--store sqlite', 'guard install' puts "
+            "a tombstone table and triggers into the gateway's own database file, so the unmodified "
+            "rllm-model-gateway drops those writes (and counts them). For '--store memory', run the "
+            "gateway with 'gatewayscope gateway' instead; 'guard backfill', 'guard lift' and 'guard status' "
+            "also accept its URL.", width=78,
+        ),
+        epilog=(
+            "Examples:\n"
+            "  gatewayscope guard install ~/.rllm/gateway_traces.db\n"
+            "  gatewayscope guard status ~/.rllm/gateway_traces.db\n"
+            "  gatewayscope guard backfill ~/.rllm/gateway_traces.db --ids-file orphans.txt\n"
+            "  gatewayscope guard lift http://127.0.0.1:9090 3f2c...:0"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(func=lambda args: _no_action(parser))
+    actions = parser.add_subparsers(dest="guard_action", metavar="ACTION", parser_class=type(parser))
+
+    install = actions.add_parser(
+        "install",
+        help="install the guard into the gateway's SQLite file (idempotent; safe while the gateway runs)",
+        description=(
+            "Install the tombstone guard into an rLLM gateway's SQLite trace store: a deleted session "
+            "gets a tombstone, and a later trace write for it is dropped and counted instead of "
+            "resurrecting it. Idempotent: a second install changes nothing and says so; it also repairs "
+            "missing or altered triggers. Safe while the gateway runs and writes (one short write "
+            "transaction). Refuses a file that is not a trace store."
+        ),
+    )
+    install.add_argument("path", metavar="PATH", help="the gateway's SQLite file (rllm-model-gateway --db-path)")
+    install.add_argument("--capacity", type=_non_negative_int, metavar="N",
+                         help="keep at most N tombstones, evicting the oldest first (default 1,000,000 on "
+                              "a first install, else unchanged; 0 = unlimited)")
+    install.add_argument("--busy-timeout", type=_positive_float, default=sqlite_guard.DEFAULT_BUSY_TIMEOUT,
+                         metavar="SECONDS", help="wait this long for the gateway's write lock (default 10)")
+    install.set_defaults(func=run_install)
+
+    status = actions.add_parser(
+        "status",
+        help="show tombstones, dropped writes, the worst droppers and whether the triggers are intact",
+        description=(
+            "Show the guard's state: tombstones against the capacity, dropped writes, evictions, the "
+            "sessions with the most dropped writes, and whether every trigger is present as installed. "
+            "Read-only. Exit 0 when the guard is installed and intact, 1 otherwise."
+        ),
+    )
+    status.add_argument("target", metavar="PATH|URL",
+                        help="the gateway's SQLite file, or the URL of a 'gatewayscope gateway'")
+    status.add_argument("--format", choices=("text", "json"), default="text",
+                        help="text (default) for people, json for programs")
+    status.add_argument("--top", type=_non_negative_int, default=sqlite_guard.DEFAULT_TOP, metavar="N",
+                        help="list the N sessions with the most dropped writes (default 10; SQLite only)")
+    status.add_argument("--timeout", type=_positive_float, default=guard_backfill.DEFAULT_TIMEOUT,
+                        metavar="SECONDS", help="busy timeout (SQLite) or request timeout (URL); default 10")
+    status.set_defaults(func=run_status)
+
+    uninstall = actions.add_parser(
+        "uninstall",
+        help="remove the guard's triggers and tables; the gateway's own tables and rows stay as they are",
+        description=(
+            "Remove the tombstone guard from the gateway's SQLite file: its triggers, indexes and tables "
+            "(the tombstones are discarded). The gateway's tables, indexes and rows are left exactly as "
+            "they are; stragglers resurrect deleted sessions again afterwards."
+        ),
+    )
+    uninstall.add_argument("path", metavar="PATH", help="the gateway's SQLite file")
+    uninstall.add_argument("--busy-timeout", type=_positive_float, default=sqlite_guard.DEFAULT_BUSY_TIMEOUT,
+                           metavar="SECONDS", help="wait this long for the gateway's write lock (default 10)")
+    uninstall.set_defaults(func=run_uninstall)
+
+    lift = actions.add_parser(
+        "lift",
+        help="lift one session's tombstone so its writes land again (an rLLM retry reusing a deleted uid)",
+        description=(
+            "Lift the tombstone of one session so its trace writes land again. The remedy when a rollout "
+            "retry reuses a deleted uid: the guarded memory gateway lifts the tombstone itself on an "
+            "explicit POST /sessions, but the SQLite store never sees that call, so its retries are "
+            "dropped until lifted ('guard status' lists them)."
+        ),
+    )
+    lift.add_argument("target", metavar="PATH|URL",
+                      help="the gateway's SQLite file, or the URL of a 'gatewayscope gateway'")
+    lift.add_argument("session_id", metavar="SESSION_ID", help="the session whose tombstone to lift")
+    lift.add_argument("--timeout", type=_positive_float, default=guard_backfill.DEFAULT_TIMEOUT,
+                      metavar="SECONDS", help="busy timeout (SQLite) or request timeout (URL); default 10")
+    lift.set_defaults(func=run_lift)
+
+    backfill = actions.add_parser(
+        "backfill",
+        help="record tombstones for session ids known to be deleted (deletes nothing)",
+        description=(
+            "Record tombstones for session ids known to be deleted, or about to be: orphans you are "
+            "deleting now, ids from a file. Deletes nothing and is idempotent; reports how many were "
+            "new. Tombstone first, then delete, so a straggler landing in between is dropped."
+        ),
+    )
+    backfill.add_argument("target", metavar="PATH|URL",
+                          help="the gateway's SQLite file (guard installed), or the URL of a 'gatewayscope "
+                               "gateway'")
+    source = backfill.add_mutually_exclusive_group(required=True)
+    source.add_argument("--ids-file", metavar="FILE",
+                        help="one session id per line; blank lines and # comments skipped; - for stdin")
+    source.add_argument("session_ids", nargs="*", default=[], metavar="SESSION_ID",
+                        help="session ids given on the command line")
+    backfill.add_argument("--timeout", type=_positive_float, default=guard_backfill.DEFAULT_TIMEOUT,
+                          metavar="SECONDS", help="busy timeout (SQLite) or request timeout (URL); default 10")
+    backfill.set_defaults(func=run_backfill)
+
+
+def _no_action(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+# -- actions ---------------------------------------------------------------------------------------
+
+
+def run_install(args: argparse.Namespace) -> int:
+    result = sqlite_guard.install(args.path, capacity=args.capacity, busy_timeout=args.busy_timeout)
+    print(result.message)
+    return EXIT_OK
+
+
+def run_uninstall(args: argparse.Namespace) -> int:
+    result = sqlite_guard.uninstall(args.path, busy_timeout=args.busy_timeout)
+    print(result.message)
+    return EXIT_OK
+
+
+def run_status(args: argparse.Namespace) -> int:
+    if guard_backfill.is_url(args.target):
+        body = guard_backfill.remote_status(args.target, timeout=args.timeout)
+        if args.format == "json":
+            print(json.dumps(body, indent=2, sort_keys=True))
+        else:
+            print(format_remote_status(args.target, body))
+        return EXIT_OK if body.get("enabled") else EXIT_FAILED
+    status = sqlite_guard.status(args.target, top=args.top, busy_timeout=args.timeout)
+    if args.format == "json":
+        print(json.dumps(status.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(format_status(status))
+    return EXIT_OK if status.installed and status.triggers_intact else EXIT_FAILED
+
+
+def run_lift(args: argparse.Namespace) -> int:
+    lifted = guard_backfill.lift(args.target, args.session_id, timeout=args.timeout)
+    if lifted:
+        print(f"Lifted the tombstone of {args.session_id} in {args.target}: its trace writes land again.")
+    else:
+        print(f"{args.session_id} has no tombstone in {args.target}; nothing changed.")
+    return EXIT_OK
+
+
+def run_backfill(args: argparse.Namespace) -> int:
+    if args.ids_file == "-":
+        ids = [line.strip() for line in sys.stdin if line.strip() and not line.strip().startswith("#")]
+    elif args.ids_file:
+        ids = guard_backfill.read_ids_file(args.ids_file)
+    else:
+        ids = list(args.session_ids)
+    if not ids:
+        print(f"No session ids to backfill{' in ' + args.ids_file if args.ids_file else ''}; nothing changed.")
+        return EXIT_OK
+    result = guard_backfill.backfill_tombstones(args.target, ids, timeout=args.timeout)
+    print(f"Backfilled {args.target}: {result.message}")
+    return EXIT_OK
+
+
+# -- text views ------------------------------------------------------------------------------------
+
+
+def _when(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(epoch))
+
+
+def _capacity(capacity: int) -> str:
+    return "unlimited" if capacity == 0 else f"{capacity:,}"
+
+
+def format_status(status: sqlite_guard.GuardStatus) -> str:
+    """The text view of ``guard status`` for a SQLite file."""
+    lines: list[str] = []
+    if not status.installed:
+        lines.append(f"The tombstone guard is not installed in {status.path}: a straggling trace write after a "
+                     "delete resurrects the session.")
+        lines.append(f"Install it with: gatewayscope guard install {status.path}")
+        return "\n".join(lines)
+    state = "triggers intact" if status.triggers_intact else "triggers NOT intact"
+    lines.append(f"Tombstone guard in {status.path}: installed {_when(status.installed_at)}, {state}")
+    lines.append(f"  tombstones      {status.tombstones:,} / {_capacity(status.capacity)}"
+                 f"{' (FIFO: the oldest are evicted first)' if status.capacity else ''}")
+    sessions = "session" if status.sessions_with_drops == 1 else "sessions"
+    lines.append(f"  dropped writes  {status.dropped_writes:,} (from {status.sessions_with_drops:,} {sessions})")
+    lines.append(f"  evicted         {status.evicted:,}")
+    lines.append(f"  journal mode    {status.journal_mode}")
+    if not status.triggers_intact:
+        problems = []
+        if status.missing:
+            problems.append(f"missing: {', '.join(status.missing)}")
+        if status.altered:
+            problems.append(f"altered: {', '.join(status.altered)}")
+        lines.append(f"  PROBLEM: {'; '.join(problems)}. Stragglers may resurrect sessions (or the gateway's "
+                     f"writes may fail). Repair with: gatewayscope guard install {status.path}")
+    if status.top_droppers:
+        width = max(len("SESSION"), *(len(d.session_id) for d in status.top_droppers))
+        lines.append("")
+        lines.append(f"Sessions with dropped writes (top {len(status.top_droppers)} of "
+                     f"{status.sessions_with_drops:,}):")
+        lines.append(f"  {'SESSION'.ljust(width)}  {'DROPPED':>7}  {'DELETED':<20}  LAST DROPPED")
+        for d in status.top_droppers:
+            lines.append(f"  {d.session_id.ljust(width)}  {d.dropped:>7,}  {_when(d.deleted_at):<20}  "
+                         f"{_when(d.last_dropped_at)}")
+        lines.append(_RETRY_HINT.format(target=status.path))
+    return "\n".join(lines)
+
+
+def format_remote_status(url: str, body: dict[str, Any]) -> str:
+    """The text view of ``guard status`` for a guarded gateway's ``GET /guard/status``."""
+    capacity = int(body.get("capacity", 0))
+    lines = [f"Tombstone guard of {url}: {'enabled' if body.get('enabled') else 'DISABLED (--max-tombstones 0)'}",
+             f"  tombstones      {int(body.get('tombstones', 0)):,} / "
+             f"{_capacity(capacity) if capacity else 'disabled'}",
+             f"  dropped writes  {int(body.get('dropped_writes', 0)):,}",
+             f"  evicted         {int(body.get('evicted', 0)):,}"]
+    droppers = [d for d in body.get("top_droppers") or [] if isinstance(d, dict)]
+    if droppers:
+        width = max(len("SESSION"), *(len(str(d.get("session_id", ""))) for d in droppers))
+        lines.append("")
+        lines.append("Sessions with dropped writes:")
+        lines.append(f"  {'SESSION'.ljust(width)}  {'DROPPED':>7}")
+        for d in droppers:
+            lines.append(f"  {str(d.get('session_id', '')).ljust(width)}  {int(d.get('dropped', 0)):>7,}")
+        lines.append("A listed session that should be live can be lifted with: "
+                     f"gatewayscope guard lift {url} SESSION_ID (an explicit POST /sessions also lifts it)")
+    return "\n".join(lines)

@@ -1,0 +1,680 @@
+"""The tombstone guard for the rLLM SQLite trace store, installed INTO the gateway's own file.
+
+The unmodified ``rllm-model-gateway --store sqlite`` resurrects a deleted session when a straggling
+trace write lands after its ``DELETE /sessions/{id}`` (seed 000). This module adds two tables and five
+triggers to the gateway's database file, so the gateway itself, unchanged, drops those writes:
+
+``gatewayscope_tombstones``
+    one row per deleted session id: ``session_id`` (primary key), ``deleted_at``, ``dropped_writes``,
+    ``last_dropped_at``, plus ``seq`` (insertion order, for the FIFO cap), ``source``
+    (``delete`` or ``backfill``), ``last_dropped_trace_id`` and ``pending_trace_id`` (bookkeeping that
+    makes one dropped ``store_trace`` count once).
+``gatewayscope_guard``
+    key/value: ``schema_version``, ``installed_at``, ``capacity``, ``tombstones`` (the live count, kept
+    by triggers so nothing ever counts the table), ``dropped_writes_total``, ``evicted_total``.
+
+Triggers (the gateway writes a trace with ``INSERT OR REPLACE INTO traces`` then ``INSERT OR IGNORE INTO
+trace_sessions``, one commit; it deletes a session's junction rows, then its unshared traces):
+
+* ``gatewayscope_tombstone_on_delete`` (AFTER DELETE ON trace_sessions): when the session's last junction
+  row goes while its trace row still exists, the session gets a tombstone. The trace-row condition tells
+  the gateway's delete (junction rows first) from a foreign-key cascade, which runs after the parent row is
+  gone: ``INSERT OR REPLACE`` of an existing trace id cascades to its junction rows, and that must not
+  tombstone a live session.
+* ``gatewayscope_drop_trace`` (BEFORE INSERT ON traces): a trace whose JSON ``session_id`` is tombstoned is
+  skipped with ``RAISE(IGNORE)`` and counted once.
+* ``gatewayscope_drop_session_link`` (BEFORE INSERT ON trace_sessions): a junction row for a tombstoned
+  session is skipped. It counts the write only when the trace trigger did not already (trace data without
+  ``session_id``), and removes the unshared trace row it just refused, so no orphan trace row remains.
+  ``RAISE(IGNORE)`` in a BEFORE trigger skips the row before the foreign-key check, so the gateway's
+  ``INSERT OR IGNORE`` does not fail when its trace row was dropped.
+* ``gatewayscope_tombstones_after_insert`` / ``gatewayscope_tombstones_after_delete``: keep the live count
+  and evict the oldest tombstones beyond the capacity (FIFO, counted). Capacity 0 means unlimited.
+
+Cost per trace write: one primary-key lookup in the tombstone table per statement, plus one JSON parse
+of the trace's ``data`` (SQLite's C parser; the gateway's own ``json.dumps`` of the same data costs an
+order of magnitude more). Nothing scans a table per write.
+
+Every write here is a short ``BEGIN IMMEDIATE`` transaction with a busy timeout, so it can run while the
+gateway writes (the gateway's own busy timeout is 20 s); reads are plain autocommit statements. DELETE and
+WAL journal modes both work; the journal mode is never changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gatewayscope.errors import ConfigError, StoreError
+from gatewayscope.snapshot import GuardStats
+
+#: version of the tables and triggers below; install refuses a file installed by a newer gatewayscope
+SCHEMA_VERSION = 1
+#: default FIFO capacity of the tombstone table (the seed's ``max_tombstones``)
+DEFAULT_CAPACITY = 1_000_000
+#: seconds a write here waits for the gateway's lock before giving up
+DEFAULT_BUSY_TIMEOUT = 10.0
+#: how many sessions ``status`` lists by dropped writes
+DEFAULT_TOP = 10
+#: session ids per SQL statement (well under SQLite's variable limit)
+QUERY_BATCH = 500
+#: session ids per backfill transaction (keeps each write lock short)
+WRITE_BATCH = 5_000
+
+TOMBSTONES_TABLE = "gatewayscope_tombstones"
+META_TABLE = "gatewayscope_guard"
+
+_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+
+_TABLES: dict[str, str] = {
+    TOMBSTONES_TABLE: f"""
+CREATE TABLE {TOMBSTONES_TABLE} (
+    session_id TEXT PRIMARY KEY,
+    deleted_at REAL NOT NULL,
+    dropped_writes INTEGER NOT NULL DEFAULT 0,
+    last_dropped_at REAL,
+    seq INTEGER NOT NULL,
+    source TEXT NOT NULL DEFAULT 'delete',
+    last_dropped_trace_id TEXT,
+    pending_trace_id TEXT
+)""",
+    META_TABLE: f"""
+CREATE TABLE {META_TABLE} (
+    key TEXT PRIMARY KEY,
+    value NOT NULL
+)""",
+}
+
+_INDEXES: dict[str, str] = {
+    # FIFO order: the oldest tombstone is the smallest seq
+    "gatewayscope_tombstones_seq": f"CREATE INDEX gatewayscope_tombstones_seq ON {TOMBSTONES_TABLE}(seq)",
+    # partial: only sessions with dropped writes, so a plain tombstone insert never touches it
+    "gatewayscope_tombstones_droppers": (
+        f"CREATE INDEX gatewayscope_tombstones_droppers ON {TOMBSTONES_TABLE}(dropped_writes) "
+        "WHERE dropped_writes > 0"
+    ),
+}
+
+_META_SQL = f"(SELECT value FROM {META_TABLE} WHERE key = '{{key}}')"
+_COUNT = _META_SQL.format(key="tombstones")
+_CAPACITY = _META_SQL.format(key="capacity")
+_EXCESS = f"(CASE WHEN {_CAPACITY} > 0 AND {_COUNT} > {_CAPACITY} THEN {_COUNT} - {_CAPACITY} ELSE 0 END)"
+
+_TRIGGERS: dict[str, str] = {
+    "gatewayscope_tombstone_on_delete": f"""
+CREATE TRIGGER gatewayscope_tombstone_on_delete
+AFTER DELETE ON trace_sessions
+WHEN EXISTS (SELECT 1 FROM traces WHERE trace_id = OLD.trace_id)
+ AND NOT EXISTS (SELECT 1 FROM trace_sessions WHERE session_id = OLD.session_id)
+BEGIN
+    INSERT OR IGNORE INTO {TOMBSTONES_TABLE} (session_id, deleted_at, seq, source)
+    VALUES (OLD.session_id, {_NOW}, (SELECT IFNULL(MAX(seq), 0) + 1 FROM {TOMBSTONES_TABLE}), 'delete');
+END""",
+    "gatewayscope_drop_trace": f"""
+CREATE TRIGGER gatewayscope_drop_trace
+BEFORE INSERT ON traces
+WHEN EXISTS (SELECT 1 FROM {TOMBSTONES_TABLE} WHERE session_id =
+    json_extract(CASE WHEN json_valid(NEW.data) THEN NEW.data END, '$.session_id'))
+BEGIN
+    UPDATE {META_TABLE} SET value = value + 1 WHERE key = 'dropped_writes_total';
+    UPDATE {TOMBSTONES_TABLE}
+       SET dropped_writes = dropped_writes + 1, last_dropped_at = {_NOW},
+           last_dropped_trace_id = NEW.trace_id, pending_trace_id = NEW.trace_id
+     WHERE session_id = json_extract(NEW.data, '$.session_id');
+    SELECT RAISE(IGNORE);
+END""",
+    "gatewayscope_drop_session_link": f"""
+CREATE TRIGGER gatewayscope_drop_session_link
+BEFORE INSERT ON trace_sessions
+WHEN EXISTS (SELECT 1 FROM {TOMBSTONES_TABLE} WHERE session_id = NEW.session_id)
+BEGIN
+    UPDATE {META_TABLE} SET value = value + 1 WHERE key = 'dropped_writes_total'
+       AND (SELECT pending_trace_id FROM {TOMBSTONES_TABLE} WHERE session_id = NEW.session_id)
+           IS NOT NEW.trace_id;
+    UPDATE {TOMBSTONES_TABLE}
+       SET dropped_writes = dropped_writes + (pending_trace_id IS NOT NEW.trace_id),
+           last_dropped_at = {_NOW}, last_dropped_trace_id = NEW.trace_id, pending_trace_id = NULL
+     WHERE session_id = NEW.session_id;
+    DELETE FROM traces WHERE trace_id = NEW.trace_id
+       AND NOT EXISTS (SELECT 1 FROM trace_sessions WHERE trace_id = NEW.trace_id);
+    SELECT RAISE(IGNORE);
+END""",
+    "gatewayscope_tombstones_after_insert": f"""
+CREATE TRIGGER gatewayscope_tombstones_after_insert
+AFTER INSERT ON {TOMBSTONES_TABLE}
+BEGIN
+    UPDATE {META_TABLE} SET value = value + 1 WHERE key = 'tombstones';
+    UPDATE {META_TABLE} SET value = value + {_EXCESS} WHERE key = 'evicted_total' AND {_EXCESS} > 0;
+    DELETE FROM {TOMBSTONES_TABLE} WHERE seq IN
+        (SELECT seq FROM {TOMBSTONES_TABLE} ORDER BY seq LIMIT {_EXCESS});
+END""",
+    "gatewayscope_tombstones_after_delete": f"""
+CREATE TRIGGER gatewayscope_tombstones_after_delete
+AFTER DELETE ON {TOMBSTONES_TABLE}
+BEGIN
+    UPDATE {META_TABLE} SET value = value - 1 WHERE key = 'tombstones';
+END""",
+}
+
+#: names of every object the guard adds to the gateway's file (all dropped by ``uninstall``)
+TRIGGER_NAMES: tuple[str, ...] = tuple(_TRIGGERS)
+GUARD_OBJECTS: tuple[str, ...] = (*_TRIGGERS, *_INDEXES, *_TABLES)
+
+_COUNTER_KEYS = ("tombstones", "dropped_writes_total", "evicted_total")
+
+_REQUIRED_COLUMNS = {
+    "traces": {"trace_id", "data", "created_at"},
+    "trace_sessions": {"trace_id", "session_id", "created_at"},
+}
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+@dataclass
+class InstallResult:
+    """What ``install`` did. ``changed`` is False when the guard was already there exactly as asked."""
+
+    path: str
+    changed: bool
+    created: bool  # tables created now (first install)
+    repaired: list[str] = field(default_factory=list)  # objects that were missing or altered, now recreated
+    capacity: int = DEFAULT_CAPACITY
+    previous_capacity: int | None = None  # set when the capacity changed
+    evicted: int = 0  # tombstones evicted now because the capacity went down
+    tombstones: int = 0
+
+    @property
+    def message(self) -> str:
+        """One sentence for the user."""
+        cap = _capacity_text(self.capacity)
+        if not self.changed:
+            return (f"The tombstone guard is already installed in {self.path} (capacity {cap}, "
+                    f"{self.tombstones:,} tombstones); nothing changed.")
+        if self.created:
+            return (f"Installed the tombstone guard into {self.path} (capacity {cap}): the gateway now drops "
+                    "trace writes for deleted sessions instead of resurrecting them.")
+        parts = []
+        if self.repaired:
+            parts.append(f"recreated {', '.join(self.repaired)}")
+        if self.previous_capacity is not None:
+            text = f"changed the capacity from {_capacity_text(self.previous_capacity)} to {cap}"
+            if self.evicted:
+                text += f" (evicted the {self.evicted:,} oldest tombstones)"
+            parts.append(text)
+        return f"Updated the tombstone guard in {self.path}: {'; '.join(parts)}."
+
+
+@dataclass
+class UninstallResult:
+    """What ``uninstall`` removed."""
+
+    path: str
+    removed: list[str]  # names of the guard's objects that were present and are now dropped
+    tombstones: int  # tombstones that were discarded with the table
+
+    @property
+    def message(self) -> str:
+        """One sentence for the user."""
+        if not self.removed:
+            return f"The tombstone guard is not installed in {self.path}; nothing changed."
+        return (f"Removed the tombstone guard from {self.path} ({len(self.removed)} objects, "
+                f"{self.tombstones:,} tombstones discarded); the gateway's tables are untouched.")
+
+
+@dataclass
+class Dropper:
+    """A tombstoned session whose straggling writes were dropped."""
+
+    session_id: str
+    dropped: int
+    deleted_at: float
+    last_dropped_at: float | None
+    source: str
+
+
+@dataclass
+class GuardStatus:
+    """Everything ``status`` reports about the guard in one file."""
+
+    path: str
+    installed: bool
+    triggers_intact: bool
+    missing: list[str] = field(default_factory=list)  # guard objects absent from the file
+    altered: list[str] = field(default_factory=list)  # guard objects whose SQL is not what install wrote
+    schema_version: int | None = None
+    installed_at: float | None = None
+    tombstones: int = 0
+    capacity: int = 0
+    dropped_writes: int = 0
+    evicted: int = 0
+    sessions_with_drops: int = 0
+    top_droppers: list[Dropper] = field(default_factory=list)
+    journal_mode: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data."""
+        return asdict(self)
+
+
+# -- connections and checks ------------------------------------------------------------------------
+
+
+def _capacity_text(capacity: int) -> str:
+    return "unlimited" if capacity == 0 else f"{capacity:,}"
+
+
+def _normalise(sql: str | None) -> str:
+    return " ".join((sql or "").split())
+
+
+def _store_error(path: str, err: sqlite3.Error, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> StoreError:
+    text = str(err)
+    if "not a database" in text or "malformed" in text:
+        return StoreError(f"{path} is not a SQLite database ({text}); give the gateway's trace store "
+                          "(rllm-model-gateway --db-path).")
+    if "locked" in text or "busy" in text:
+        return StoreError(f"{path} stayed locked by another writer for more than {busy_timeout:g} s "
+                          f"({text}); try again, or give a longer busy timeout.")
+    if "readonly" in text or "read-only" in text:
+        return StoreError(f"{path} is read-only for this user ({text}); run as a user that may write it "
+                          "(and its folder, for the journal).")
+    if "unable to open" in text:
+        return StoreError(f"{path} cannot be opened ({text}); check the path and its folder's permissions.")
+    return StoreError(f"{path}: SQLite error: {text}")
+
+
+def _open(path: str | Path, *, readonly: bool, busy_timeout: float) -> sqlite3.Connection:
+    """Open an existing file in autocommit mode (``mode=ro`` or ``mode=rw``: never creates one)."""
+    name = str(path)
+    file = Path(path).expanduser()
+    if not file.exists():
+        raise StoreError(f"{name}: no such file. Give the path of the gateway's SQLite store "
+                         "(rllm-model-gateway --db-path, default ~/.rllm/gateway_traces.db).")
+    if file.is_dir():
+        raise StoreError(f"{name} is a folder; give the gateway's SQLite file itself.")
+    uri = f"{file.resolve().as_uri()}?mode={'ro' if readonly else 'rw'}"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout, isolation_level=None)
+    except sqlite3.Error as err:
+        raise _store_error(name, err, busy_timeout=busy_timeout) from None
+    return conn
+
+
+@contextlib.contextmanager
+def _connection(path: str | Path, *, readonly: bool, busy_timeout: float) -> Iterator[sqlite3.Connection]:
+    conn = _open(path, readonly=readonly, busy_timeout=busy_timeout)
+    try:
+        yield conn
+    except sqlite3.Error as err:
+        raise _store_error(str(path), err, busy_timeout=busy_timeout) from None
+    finally:
+        conn.close()
+
+
+class _Transaction:
+    """An open ``BEGIN IMMEDIATE``; ``rollback_only()`` ends it without writing anything."""
+
+    def __init__(self) -> None:
+        self.rollback = False
+
+    def rollback_only(self) -> None:
+        self.rollback = True
+
+
+@contextlib.contextmanager
+def _write_transaction(conn: sqlite3.Connection) -> Iterator[_Transaction]:
+    """``BEGIN IMMEDIATE`` (waits for the gateway's write lock within the busy timeout) ... ``COMMIT``."""
+    conn.execute("BEGIN IMMEDIATE")
+    txn = _Transaction()
+    try:
+        yield txn
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("ROLLBACK" if txn.rollback else "COMMIT")
+
+
+def _check_trace_store(conn: sqlite3.Connection, path: str) -> None:
+    """Raise StoreError unless the file holds the gateway's ``traces`` and ``trace_sessions`` tables."""
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    for table, columns in _REQUIRED_COLUMNS.items():
+        if table not in tables:
+            hint = ("the gateway creates its tables on its first request, so start it "
+                    "with this --db-path, send one request (e.g. GET /sessions) and install again"
+                    if not (tables - set(_TABLES)) else f"tables: {', '.join(sorted(tables))}")
+            raise StoreError(f"{path} is not an rLLM trace store: it has no {table!r} table ({hint}).")
+        present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        missing = columns - present
+        if missing:
+            raise StoreError(f"{path} is not an rLLM trace store: table {table!r} lacks the column(s) "
+                             f"{', '.join(sorted(missing))}.")
+
+
+def _objects(conn: sqlite3.Connection) -> dict[str, str | None]:
+    """The guard's objects present in the file: name -> SQL."""
+    marks = ",".join("?" * len(GUARD_OBJECTS))
+    return {name: sql for name, sql in conn.execute(
+        f"SELECT name, sql FROM sqlite_master WHERE name IN ({marks})", GUARD_OBJECTS)}
+
+
+def _expected_sql() -> dict[str, str]:
+    return {**_TABLES, **_INDEXES, **_TRIGGERS}
+
+
+def _integrity(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
+    """(missing, altered) guard objects, compared by their SQL with whitespace normalised."""
+    present = _objects(conn)
+    missing: list[str] = []
+    altered: list[str] = []
+    for name, sql in _expected_sql().items():
+        if name not in present:
+            missing.append(name)
+        elif _normalise(present[name]) != _normalise(sql):
+            altered.append(name)
+    return missing, altered
+
+
+def _meta(conn: sqlite3.Connection) -> dict[str, Any]:
+    return {key: value for key, value in conn.execute(f"SELECT key, value FROM {META_TABLE}")}
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone()
+    return row is not None
+
+
+def _as_int(value: Any, default: int = 0) -> int:
+    return int(value) if isinstance(value, (int, float)) else default
+
+
+def _validate_capacity(capacity: int | None) -> None:
+    if capacity is None:
+        return
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+        raise ConfigError("The tombstone capacity must be a whole number >= 0 (0 = unlimited), "
+                          f"not {capacity!r}.")
+
+
+# -- install / uninstall ---------------------------------------------------------------------------
+
+
+def install(path: str | Path, *, capacity: int | None = None,
+            busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> InstallResult:
+    """Install the tombstone guard into the gateway's SQLite file at ``path``.
+
+    Idempotent: when the guard is already there with every object intact and the same capacity, nothing
+    is written and ``InstallResult.changed`` is False. Missing or altered guard objects are recreated
+    (repair); existing tombstones and counters are kept. ``capacity`` is the FIFO cap of the tombstone
+    table (0 = unlimited); ``None`` keeps the installed capacity, or uses 1,000,000 on a first install.
+    Lowering it evicts the oldest tombstones now (counted as evictions).
+
+    Safe while the gateway runs: one short ``BEGIN IMMEDIATE`` transaction, waiting at most
+    ``busy_timeout`` seconds for the gateway's write lock; the gateway's own writes wait for ours (its
+    busy timeout is 20 s) and then see the triggers. Raises StoreError for a missing file or one that is
+    not an rLLM trace store, and ConfigError for a negative capacity.
+    """
+    _validate_capacity(capacity)
+    name = str(path)
+    with (_connection(path, readonly=False, busy_timeout=busy_timeout) as conn,
+          _write_transaction(conn) as txn):
+        _check_trace_store(conn, name)
+        present = _objects(conn)
+        meta = _meta(conn) if META_TABLE in present else {}
+        installed_version = _as_int(meta.get("schema_version"), 0)
+        if installed_version > SCHEMA_VERSION:
+            raise StoreError(f"{name} has the tombstone guard schema {installed_version}, newer than this "
+                             f"gatewayscope's {SCHEMA_VERSION}; upgrade gatewayscope to manage it.")
+        first = TOMBSTONES_TABLE not in present and META_TABLE not in present
+        missing, altered = _integrity(conn)
+        previous = _as_int(meta.get("capacity"), DEFAULT_CAPACITY) if "capacity" in meta else None
+        fallback = previous if previous is not None else DEFAULT_CAPACITY
+        wanted = capacity if capacity is not None else fallback
+        keys_missing = [key for key in ("schema_version", "installed_at", "capacity", *_COUNTER_KEYS)
+                        if key not in meta]
+        if not missing and not altered and not keys_missing and previous == wanted:
+            tombstones = _as_int(meta.get("tombstones"))
+            txn.rollback_only()
+            return InstallResult(path=name, changed=False, created=False, capacity=wanted,
+                                 tombstones=tombstones)
+
+        # triggers first: nothing may fire against a half-built schema
+        for trigger in _TRIGGERS:
+            if trigger in present:
+                conn.execute(f"DROP TRIGGER {trigger}")
+        for table, sql in _TABLES.items():
+            if table in altered:
+                raise StoreError(f"{name} has a {table!r} table that the tombstone guard did not create; "
+                                 "rename or drop it, then install again.")
+            if table not in present:
+                conn.execute(sql)
+        for index, sql in _INDEXES.items():
+            if index in altered:
+                conn.execute(f"DROP INDEX {index}")
+            if index in altered or index not in present:
+                conn.execute(sql)
+
+        now = time.time()
+        defaults: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "installed_at": now,
+                                    "capacity": wanted, "dropped_writes_total": 0, "evicted_total": 0}
+        for key, value in defaults.items():
+            conn.execute(f"INSERT OR IGNORE INTO {META_TABLE} (key, value) VALUES (?, ?)", (key, value))
+        conn.execute(f"UPDATE {META_TABLE} SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
+        conn.execute(f"UPDATE {META_TABLE} SET value = ? WHERE key = 'capacity'", (wanted,))
+        # the live count is kept by triggers from here on; (re)count once, at install time only
+        (count,) = conn.execute(f"SELECT COUNT(*) FROM {TOMBSTONES_TABLE}").fetchone()
+        conn.execute(f"INSERT OR REPLACE INTO {META_TABLE} (key, value) VALUES ('tombstones', ?)", (count,))
+
+        evicted = 0
+        if wanted > 0 and count > wanted:
+            evicted = count - wanted
+            conn.execute(f"DELETE FROM {TOMBSTONES_TABLE} WHERE seq IN "
+                         f"(SELECT seq FROM {TOMBSTONES_TABLE} ORDER BY seq LIMIT ?)", (evicted,))
+            conn.execute(f"UPDATE {META_TABLE} SET value = value - ? WHERE key = 'tombstones'", (evicted,))
+            conn.execute(f"UPDATE {META_TABLE} SET value = value + ? WHERE key = 'evicted_total'", (evicted,))
+            count -= evicted
+        for sql in _TRIGGERS.values():
+            conn.execute(sql)
+
+    repaired = [] if first else sorted(set(missing + altered) | ({"counters"} if keys_missing else set()))
+    return InstallResult(
+        path=name, changed=True, created=first, repaired=repaired, capacity=wanted,
+        previous_capacity=previous if previous is not None and previous != wanted else None,
+        evicted=evicted, tombstones=count,
+    )
+
+
+def uninstall(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> UninstallResult:
+    """Drop the guard's triggers, indexes and tables from ``path``; the gateway's own objects and rows
+    stay exactly as they are. Tombstones are discarded: stragglers resurrect sessions again afterwards."""
+    name = str(path)
+    with _connection(path, readonly=False, busy_timeout=busy_timeout) as conn, _write_transaction(conn):
+        present = _objects(conn)
+        tombstones = 0
+        if TOMBSTONES_TABLE in present:
+            (tombstones,) = conn.execute(f"SELECT COUNT(*) FROM {TOMBSTONES_TABLE}").fetchone()
+        removed: list[str] = []
+        for trigger in _TRIGGERS:
+            if trigger in present:
+                conn.execute(f"DROP TRIGGER {trigger}")
+                removed.append(trigger)
+        for index in _INDEXES:
+            if index in present:
+                conn.execute(f"DROP INDEX {index}")
+                removed.append(index)
+        for table in _TABLES:
+            if table in present:
+                conn.execute(f"DROP TABLE {table}")
+                removed.append(table)
+    return UninstallResult(path=name, removed=removed, tombstones=int(tombstones))
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+def _top_droppers(conn: sqlite3.Connection, top: int) -> list[Dropper]:
+    rows = conn.execute(
+        f"SELECT session_id, dropped_writes, deleted_at, last_dropped_at, source FROM {TOMBSTONES_TABLE} "
+        "WHERE dropped_writes > 0 ORDER BY dropped_writes DESC, last_dropped_at DESC, session_id LIMIT ?",
+        (top,),
+    ).fetchall()
+    return [Dropper(session_id=str(sid), dropped=int(dropped), deleted_at=float(deleted),
+                    last_dropped_at=float(last) if last is not None else None, source=str(source))
+            for sid, dropped, deleted, last, source in rows]
+
+
+def _figures(conn: sqlite3.Connection, top: int) -> dict[str, Any]:
+    """Counters, integrity and the worst droppers of an installed (maybe damaged) guard."""
+    present = _objects(conn)
+    missing, altered = _integrity(conn)
+    meta = _meta(conn) if META_TABLE in present and META_TABLE not in altered else {}
+    readable = TOMBSTONES_TABLE in present and TOMBSTONES_TABLE not in altered
+    with_drops = 0
+    droppers: list[Dropper] = []
+    if readable:
+        (with_drops,) = conn.execute(
+            f"SELECT COUNT(*) FROM {TOMBSTONES_TABLE} WHERE dropped_writes > 0").fetchone()
+        droppers = _top_droppers(conn, top)
+    installed_at = meta.get("installed_at")
+    return {
+        "installed": bool(present),
+        "triggers_intact": not missing and not altered,
+        "missing": missing,
+        "altered": altered,
+        "schema_version": _as_int(meta.get("schema_version")) or None,
+        "installed_at": float(installed_at) if isinstance(installed_at, (int, float)) else None,
+        "tombstones": _as_int(meta.get("tombstones")),
+        "capacity": _as_int(meta.get("capacity")),
+        "dropped_writes": _as_int(meta.get("dropped_writes_total")),
+        "evicted": _as_int(meta.get("evicted_total")),
+        "sessions_with_drops": int(with_drops),
+        "top_droppers": droppers,
+    }
+
+
+def read_guard(conn: sqlite3.Connection, *, top: int = DEFAULT_TOP) -> GuardStats | None:
+    """The guard's figures from an open connection to a trace store, or None when it is not installed.
+
+    Only reads (works on a ``file:...?mode=ro`` connection), each in its own short statement. Counts come
+    from the counters the triggers keep, never from counting the table. ``enabled`` and
+    ``triggers_intact`` are False when any of the guard's tables, indexes or triggers is missing or
+    altered (re-run ``install`` to repair); ``capacity`` 0 means unlimited.
+    """
+    if not _objects(conn):
+        return None
+    figures = _figures(conn, top)
+    intact = bool(figures["triggers_intact"])
+    return GuardStats(
+        tombstones=figures["tombstones"],
+        capacity=figures["capacity"],
+        dropped_writes=figures["dropped_writes"],
+        evicted=figures["evicted"],
+        enabled=intact,
+        triggers_intact=intact,
+        top_droppers=[{"session_id": d.session_id, "dropped": d.dropped} for d in figures["top_droppers"]],
+    )
+
+
+def status(path: str | Path, *, top: int = DEFAULT_TOP,
+           busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> GuardStatus:
+    """The guard's state in ``path``, read through a read-only connection.
+
+    ``installed`` is False when none of the guard's objects is in the file (not an error);
+    ``triggers_intact`` says whether every table, index and trigger is present with the SQL install
+    wrote (``missing`` and ``altered`` name the others). ``top_droppers`` lists the ``top`` sessions with
+    the most dropped writes: a live session among them (an rLLM retry that reused a deleted uid) is let
+    through again with ``lift_tombstone``. Raises StoreError for a missing file or one that is not a
+    trace store.
+    """
+    name = str(path)
+    with _connection(path, readonly=True, busy_timeout=busy_timeout) as conn:
+        _check_trace_store(conn, name)
+        (journal_mode,) = conn.execute("PRAGMA journal_mode").fetchone()
+        return GuardStatus(path=name, journal_mode=str(journal_mode), **_figures(conn, top))
+
+
+def _batches(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _unique(session_ids: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(str(sid) for sid in session_ids))
+
+
+def tombstoned_among(conn: sqlite3.Connection, session_ids: list[str]) -> list[str]:
+    """The ids of ``session_ids`` that carry a tombstone, in the order given (duplicates once).
+
+    Read-only, ``QUERY_BATCH`` ids per statement; an empty list when the guard is not installed.
+    """
+    wanted = _unique(session_ids)
+    if not wanted or not _has_table(conn, TOMBSTONES_TABLE):
+        return []
+    found: set[str] = set()
+    for batch in _batches(wanted, QUERY_BATCH):
+        marks = ",".join("?" * len(batch))
+        found.update(row[0] for row in conn.execute(
+            f"SELECT session_id FROM {TOMBSTONES_TABLE} WHERE session_id IN ({marks})", batch))
+    return [sid for sid in wanted if sid in found]
+
+
+# -- writing tombstones -------------------------------------------------------------------------------
+
+
+def _require_installed(conn: sqlite3.Connection, path: str) -> None:
+    if not _has_table(conn, TOMBSTONES_TABLE) or not _has_table(conn, META_TABLE):
+        _check_trace_store(conn, path)
+        raise StoreError(f"The tombstone guard is not installed in {path}; run "
+                         f"'gatewayscope guard install {path}' first.")
+
+
+def add_tombstones(path: str | Path, session_ids: Iterable[str], *,
+                   busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> tuple[int, int]:
+    """Record tombstones for ``session_ids`` (backfill): returns ``(new, already)`` over the distinct ids.
+
+    Idempotent: an id that already has a tombstone keeps it (and its counts). Deletes nothing of the
+    gateway's; the FIFO capacity may evict the oldest tombstones, as for any tombstone. Record the
+    tombstone first, then delete the session, so a straggler landing between the two is dropped.
+    One short transaction per ``WRITE_BATCH`` ids.
+    """
+    name = str(path)
+    ids = [sid for sid in _unique(session_ids) if sid]
+    new = 0
+    with _connection(path, readonly=False, busy_timeout=busy_timeout) as conn:
+        _require_installed(conn, name)
+        sql = (f"INSERT OR IGNORE INTO {TOMBSTONES_TABLE} (session_id, deleted_at, seq, source) "
+               f"VALUES (?, ?, (SELECT IFNULL(MAX(seq), 0) + 1 FROM {TOMBSTONES_TABLE}), 'backfill')")
+        for batch in _batches(ids, WRITE_BATCH):
+            now = time.time()
+            with _write_transaction(conn):
+                cursor = conn.executemany(sql, [(sid, now) for sid in batch])
+                # rowcount counts the statement's own inserts, not the rows the triggers touch
+                new += max(cursor.rowcount, 0)
+    return new, len(ids) - new
+
+
+def lift_tombstone(path: str | Path, session_id: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> bool:
+    """Remove one tombstone so writes for ``session_id`` land again (an rLLM retry reusing a deleted uid).
+
+    Returns False when the id had no tombstone. The dropped-write totals are kept.
+    """
+    name = str(path)
+    with _connection(path, readonly=False, busy_timeout=busy_timeout) as conn:
+        _require_installed(conn, name)
+        with _write_transaction(conn):
+            cursor = conn.execute(f"DELETE FROM {TOMBSTONES_TABLE} WHERE session_id = ?", (session_id,))
+            return cursor.rowcount > 0
+
+
+def tombstone_count(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> int:
+    """The number of tombstones in ``path`` (from the guard's counter); StoreError when not installed."""
+    name = str(path)
+    with _connection(path, readonly=True, busy_timeout=busy_timeout) as conn:
+        _require_installed(conn, name)
+        return _as_int(_meta(conn).get("tombstones"))

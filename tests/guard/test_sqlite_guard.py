@@ -1,0 +1,801 @@
+"""The SQLite tombstone guard (gatewayscope.guard.sqlite), on real files written by the gateway's own store.
+
+Every trace write and session delete below goes through rLLM's ``SqliteTraceStore`` (the exact SQL the
+unmodified ``rllm-model-gateway --store sqlite`` runs), driven on an asyncio loop, with its persistent
+connection opened BEFORE the guard is installed, as with a running gateway. "Resurrected" means what seed
+000 describes: the real store re-creating a deleted session from a straggling write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("rllm_model_gateway")
+
+from rllm_model_gateway.models import TraceRecord
+from rllm_model_gateway.store.sqlite_store import SqliteTraceStore
+
+from gatewayscope.cli import main as cli_main
+from gatewayscope.errors import ConfigError, GatewayscopeError, StoreError, UnreachableError
+from gatewayscope.guard import backfill as guard_backfill
+from gatewayscope.guard import sqlite as guard
+from gatewayscope.snapshot import GuardStats
+
+# ------------------------------------------------------------------------------------------------
+# the gateway's store, driven synchronously
+# ------------------------------------------------------------------------------------------------
+
+
+def trace_data(trace_id: str, session_id: str, **extra: Any) -> dict[str, Any]:
+    """A trace exactly as the gateway persists it (``TraceRecord.model_dump()``)."""
+    record = TraceRecord(trace_id=trace_id, session_id=session_id, model="stub",
+                         messages=[{"role": "user", "content": f"turn of {session_id}"}],
+                         prompt_token_ids=[1, 2, 3], completion_token_ids=[4, 5],
+                         token_counts={"prompt": 3, "completion": 2}, timestamp=1.0)
+    return {**record.model_dump(), **extra}
+
+
+class WalTraceStore(SqliteTraceStore):
+    """The gateway's store with upstream's journal mode (WAL; 0.1.0 sets DELETE on connect)."""
+
+    async def _get_conn(self) -> Any:
+        fresh = self._conn is None
+        conn = await super()._get_conn()
+        if fresh:
+            await conn.execute("PRAGMA journal_mode=WAL")
+        return conn
+
+
+class Gateway:
+    """rLLM's ``SqliteTraceStore`` on a private event loop, with a synchronous face for the tests."""
+
+    def __init__(self, path: Path, *, wal: bool = False) -> None:
+        self.path = path
+        self.loop = asyncio.new_event_loop()
+        self.store = (WalTraceStore if wal else SqliteTraceStore)(str(path))
+        self.sessions()  # opens the persistent connection and creates the gateway's tables
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def write(self, trace_id: str, session_id: str, data: dict[str, Any] | None = None) -> None:
+        self.run(self.store.store_trace(trace_id, session_id,
+                                        data if data is not None else trace_data(trace_id, session_id)))
+
+    def delete(self, session_id: str) -> int:
+        return int(self.run(self.store.delete_session(session_id)))
+
+    def sessions(self) -> dict[str, int]:
+        return {row["session_id"]: row["trace_count"] for row in self.run(self.store.list_sessions())}
+
+    def trace_ids(self, session_id: str) -> list[str]:
+        return [t["trace_id"] for t in self.run(self.store.get_session_traces(session_id))]
+
+    def close(self) -> None:
+        self.run(self.store.close())
+        self.loop.close()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "gateway_traces.db"
+
+
+@pytest.fixture
+def gw(db: Path) -> Iterator[Gateway]:
+    gateway = Gateway(db)
+    yield gateway
+    gateway.close()
+
+
+def raw(path: Path) -> sqlite3.Connection:
+    """A plain connection like the gateway's (foreign keys on), autocommit."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA foreign_keys = ON")
+    return conn
+
+
+def all_trace_ids(path: Path) -> set[str]:
+    with sqlite3.connect(path) as conn:
+        return {row[0] for row in conn.execute("SELECT trace_id FROM traces")}
+
+
+def tombstones(path: Path) -> dict[str, int]:
+    with sqlite3.connect(path) as conn:
+        return dict(conn.execute(f"SELECT session_id, dropped_writes FROM {guard.TOMBSTONES_TABLE}"))
+
+
+def fk_violations(path: Path) -> list[Any]:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("PRAGMA foreign_key_check").fetchall()
+
+
+def gateway_state(path: Path) -> tuple[list[Any], list[Any], list[Any]]:
+    """The gateway's schema and rows, byte for byte comparable."""
+    with sqlite3.connect(path) as conn:
+        schema = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master "
+                              "WHERE name NOT LIKE 'gatewayscope_%' ORDER BY type, name").fetchall()
+        traces = conn.execute("SELECT trace_id, data, created_at FROM traces ORDER BY trace_id").fetchall()
+        links = conn.execute("SELECT trace_id, session_id, created_at FROM trace_sessions "
+                             "ORDER BY trace_id, session_id").fetchall()
+    return schema, traces, links
+
+
+def seed_sessions(gw: Gateway) -> None:
+    gw.write("a1", "A")
+    gw.write("a2", "A")
+    gw.write("b1", "B")
+    gw.write("c1", "C")
+
+
+# ------------------------------------------------------------------------------------------------
+# the triggers
+# ------------------------------------------------------------------------------------------------
+
+
+def test_unguarded_store_resurrects_a_deleted_session(gw: Gateway) -> None:
+    """The baseline the guard exists for (seed 000), on the same store."""
+    seed_sessions(gw)
+    assert gw.delete("A") == 2
+    gw.write("a3", "A")  # the straggler
+    assert gw.sessions()["A"] == 1
+
+
+def test_delete_records_a_tombstone(gw: Gateway, db: Path) -> None:
+    seed_sessions(gw)
+    guard.install(db)
+    assert gw.delete("A") == 2
+    assert tombstones(db) == {"A": 0}
+    assert guard.status(db).tombstones == 1
+    assert gw.sessions() == {"B": 1, "C": 1}
+    with sqlite3.connect(db) as conn:
+        (source,) = conn.execute(f"SELECT source FROM {guard.TOMBSTONES_TABLE}").fetchone()
+    assert source == "delete"
+
+
+def test_straggler_after_delete_is_dropped_and_counted_once(gw: Gateway, db: Path) -> None:
+    seed_sessions(gw)
+    guard.install(db)
+    gw.delete("A")
+    gw.write("a3", "A")  # store_trace: a trace row, then a junction row; one dropped write
+    assert "A" not in gw.sessions()
+    assert gw.trace_ids("A") == []
+    assert "a3" not in all_trace_ids(db)  # no orphan trace row
+    assert fk_violations(db) == []
+    status = guard.status(db)
+    assert status.dropped_writes == 1
+    assert [(d.session_id, d.dropped) for d in status.top_droppers] == [("A", 1)]
+    gw.write("a4", "A")
+    gw.write("a5", "A")
+    assert guard.status(db).dropped_writes == 3
+    assert tombstones(db) == {"A": 3}
+    assert "A" not in gw.sessions()
+
+
+def test_trace_data_without_the_session_id_still_leaves_no_orphan_row(gw: Gateway, db: Path) -> None:
+    """The junction trigger is the backstop: it refuses the link and removes the unshared trace row."""
+    seed_sessions(gw)
+    guard.install(db)
+    gw.delete("A")
+    gw.write("x1", "A", {"no": "session id here"})
+    gw.write("x2", "A", trace_data("x2", "some-other-id"))  # data names a live id, the link is for A
+    assert "A" not in gw.sessions()
+    assert {"x1", "x2"}.isdisjoint(all_trace_ids(db))
+    assert guard.status(db).dropped_writes == 2  # once each, though the trace trigger let them pass
+    assert tombstones(db)["A"] == 2
+    assert fk_violations(db) == []
+
+
+def test_refused_trace_row_does_not_violate_the_foreign_key(gw: Gateway, db: Path) -> None:
+    """RAISE(IGNORE) in a BEFORE trigger skips the junction row before SQLite checks its foreign key.
+
+    Replays the gateway's two statements on a connection with foreign_keys ON: the trace row is
+    dropped, and the INSERT OR IGNORE of its junction row (whose parent now does not exist) must not
+    raise. Without the guard the same junction insert fails with a foreign-key error.
+    """
+    seed_sessions(gw)
+    guard.install(db)
+    gw.delete("A")
+    conn = raw(db)
+    conn.execute("BEGIN")
+    conn.execute("INSERT OR REPLACE INTO traces (trace_id, data, created_at) VALUES (?, ?, ?)",
+                 ("late", json.dumps(trace_data("late", "A")), 1.0))
+    assert conn.execute("SELECT COUNT(*) FROM traces WHERE trace_id = 'late'").fetchone() == (0,)
+    conn.execute("INSERT OR IGNORE INTO trace_sessions (trace_id, session_id, created_at) VALUES (?, ?, ?)",
+                 ("late", "A", 1.0))
+    conn.execute("COMMIT")
+    with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+        conn.execute("INSERT OR IGNORE INTO trace_sessions (trace_id, session_id, created_at) "
+                     "VALUES ('no-such-trace', 'B', 1.0)")
+    conn.close()
+    assert fk_violations(db) == []
+    assert guard.status(db).dropped_writes == 1
+
+
+def test_malformed_trace_data_is_not_an_error(gw: Gateway, db: Path) -> None:
+    """The trace trigger reads JSON only when it is valid: a non-JSON row still inserts."""
+    guard.install(db)
+    conn = raw(db)
+    conn.execute("INSERT INTO traces (trace_id, data, created_at) VALUES ('odd', 'not json {', 1.0)")
+    conn.execute("INSERT INTO trace_sessions (trace_id, session_id, created_at) VALUES ('odd', 'O', 1.0)")
+    conn.close()
+    assert gw.sessions() == {"O": 1}
+
+
+def test_rewriting_a_trace_of_a_live_one_trace_session_does_not_tombstone_it(gw: Gateway, db: Path) -> None:
+    """INSERT OR REPLACE of an existing trace id cascades (foreign key) to its junction rows; the trigger
+    must tell that cascade (trace row already gone) from the gateway's delete (trace row still there)."""
+    gw.write("b1", "B")
+    guard.install(db)
+    gw.write("b1", "B")  # same trace id again: REPLACE deletes the row, the cascade deletes (b1, B)
+    assert gw.sessions() == {"B": 1}
+    assert tombstones(db) == {}
+    gw.write("b2", "B")
+    assert gw.sessions() == {"B": 2}
+
+
+def test_shared_traces(gw: Gateway, db: Path) -> None:
+    """A trace linked to two sessions: deleting one keeps the trace for the other; a straggler that
+    re-sends the shared trace id for the deleted session changes nothing of the live one."""
+    gw.write("t1", "A")
+    gw.write("a2", "A")
+    gw.write("b1", "B")
+    conn = raw(db)
+    conn.execute("INSERT INTO trace_sessions (trace_id, session_id, created_at) VALUES ('t1', 'B', 2.0)")
+    guard.install(db)
+    before = conn.execute("SELECT data FROM traces WHERE trace_id = 't1'").fetchone()
+    assert gw.delete("A") == 1  # a2 only: t1 is shared with B
+    assert tombstones(db) == {"A": 0}
+    assert sorted(gw.trace_ids("B")) == ["b1", "t1"]
+    gw.write("t1", "A", trace_data("t1", "A", model="late"))  # unguarded, the REPLACE would unlink B's t1
+    assert sorted(gw.trace_ids("B")) == ["b1", "t1"]
+    assert conn.execute("SELECT data FROM traces WHERE trace_id = 't1'").fetchone() == before
+    assert "A" not in gw.sessions()
+    assert guard.status(db).dropped_writes == 1
+    assert gw.delete("B") == 2
+    assert all_trace_ids(db) == set()
+    assert tombstones(db) == {"A": 1, "B": 0}
+    conn.close()
+    assert fk_violations(db) == []
+
+
+def test_unrelated_sessions_are_unaffected(gw: Gateway, db: Path) -> None:
+    seed_sessions(gw)
+    guard.install(db)
+    gw.delete("A")
+    gw.write("b2", "B")
+    gw.write("c2", "C")
+    gw.write("d1", "D")
+    assert gw.sessions() == {"B": 2, "C": 2, "D": 1}
+    assert guard.status(db).dropped_writes == 0
+    assert set(tombstones(db)) == {"A"}
+
+
+def test_partial_unlink_is_not_a_session_delete(gw: Gateway, db: Path) -> None:
+    """Only the delete of a session's LAST junction row records a tombstone."""
+    seed_sessions(gw)
+    guard.install(db)
+    conn = raw(db)
+    conn.execute("DELETE FROM trace_sessions WHERE trace_id = 'a1' AND session_id = 'A'")
+    conn.close()
+    assert tombstones(db) == {}
+    gw.write("a3", "A")
+    assert gw.sessions()["A"] == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# capacity (FIFO)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_fifo_capacity_evicts_the_oldest_first_and_counts(gw: Gateway, db: Path) -> None:
+    for i in range(5):
+        gw.write(f"t{i}", f"s{i}")
+    guard.install(db, capacity=3)
+    for i in range(5):
+        gw.delete(f"s{i}")
+    assert set(tombstones(db)) == {"s2", "s3", "s4"}
+    status = guard.status(db)
+    assert (status.tombstones, status.capacity, status.evicted) == (3, 3, 2)
+    gw.write("late0", "s0")  # the evicted tombstone no longer protects s0: the cap is a backstop
+    gw.write("late4", "s4")
+    assert gw.sessions() == {"s0": 1}
+    new, already = guard.add_tombstones(db, ["x", "y"])
+    assert (new, already) == (2, 0)
+    assert set(tombstones(db)) == {"s4", "x", "y"}
+    assert guard.status(db).evicted == 4
+
+
+def test_capacity_zero_is_unlimited(gw: Gateway, db: Path) -> None:
+    for i in range(6):
+        gw.write(f"t{i}", f"s{i}")
+    guard.install(db, capacity=0)
+    for i in range(6):
+        gw.delete(f"s{i}")
+    status = guard.status(db)
+    assert (status.tombstones, status.capacity, status.evicted) == (6, 0, 0)
+
+
+def test_lowering_the_capacity_evicts_now(gw: Gateway, db: Path) -> None:
+    guard.install(db, capacity=10)
+    guard.add_tombstones(db, [f"s{i}" for i in range(6)])
+    result = guard.install(db, capacity=4)
+    assert result.changed and result.previous_capacity == 10 and result.evicted == 2
+    assert "evicted the 2 oldest" in result.message
+    assert set(tombstones(db)) == {"s2", "s3", "s4", "s5"}
+    status = guard.status(db)
+    assert (status.tombstones, status.evicted) == (4, 2)
+    guard.add_tombstones(db, ["s6"])  # the triggers keep the count exact from there on
+    assert set(tombstones(db)) == {"s3", "s4", "s5", "s6"}
+    assert (guard.status(db).tombstones, guard.status(db).evicted) == (4, 3)
+    again = guard.install(db)  # no capacity given: keep 4
+    assert not again.changed and again.capacity == 4
+    assert guard.status(db).capacity == 4
+
+
+def test_negative_capacity_is_a_config_error(db: Path, gw: Gateway) -> None:
+    with pytest.raises(ConfigError, match="whole number"):
+        guard.install(db, capacity=-1)
+
+
+# ------------------------------------------------------------------------------------------------
+# install / uninstall
+# ------------------------------------------------------------------------------------------------
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_install_is_idempotent(gw: Gateway, db: Path) -> None:
+    seed_sessions(gw)
+    first = guard.install(db)
+    assert first.changed and first.created and first.capacity == guard.DEFAULT_CAPACITY
+    digest = file_digest(db)
+    second = guard.install(db)
+    assert not second.changed
+    assert "already installed" in second.message and "nothing changed" in second.message
+    assert file_digest(db) == digest  # not one byte written
+    status = guard.status(db)
+    assert status.installed and status.triggers_intact and status.schema_version == guard.SCHEMA_VERSION
+
+
+def test_uninstall_restores_the_gateway_schema_and_rows_exactly(gw: Gateway, db: Path) -> None:
+    seed_sessions(gw)
+    before = gateway_state(db)
+    guard.install(db)
+    guard.add_tombstones(db, ["gone-1", "gone-2"])
+    result = guard.uninstall(db)
+    assert set(result.removed) == set(guard.GUARD_OBJECTS)
+    assert result.tombstones == 2
+    assert gateway_state(db) == before
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT name FROM sqlite_master WHERE name LIKE 'gatewayscope%'").fetchall() == []
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert not guard.uninstall(db).removed  # twice: nothing to do, says so
+    gw.delete("A")
+    gw.write("a9", "A")  # unguarded again
+    assert gw.sessions()["A"] == 1
+
+
+def test_install_refuses_what_is_not_a_trace_store(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.db"
+    with pytest.raises(StoreError, match="no such file"):
+        guard.install(missing)
+    assert not missing.exists()  # never created
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+    with pytest.raises(StoreError, match=r"is not an rLLM trace store: it has no 'traces' table \(tables: notes\)"):
+        guard.install(other)
+    with sqlite3.connect(other) as conn:
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["notes"]  # untouched
+    text = tmp_path / "notes.txt"
+    text.write_text("hello, I am not a database\n" * 100)
+    with pytest.raises(StoreError, match="is not a SQLite database"):
+        guard.install(text)
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    with pytest.raises(StoreError, match="first request"):
+        guard.install(empty)
+    with pytest.raises(StoreError, match="folder"):
+        guard.install(tmp_path)
+    half = tmp_path / "half.db"
+    with sqlite3.connect(half) as conn:
+        conn.execute("CREATE TABLE traces (trace_id TEXT PRIMARY KEY, data TEXT, created_at REAL)")
+        conn.execute("CREATE TABLE trace_sessions (trace_id TEXT, created_at REAL)")
+    with pytest.raises(StoreError, match="lacks the column"):
+        guard.install(half)
+    with pytest.raises(StoreError, match="no such file"):
+        guard.status(missing)
+
+
+def test_install_waits_for_the_write_lock_and_says_when_it_stays_locked(gw: Gateway, db: Path) -> None:
+    seed_sessions(gw)
+    holder = raw(db)
+    holder.execute("BEGIN IMMEDIATE")
+    with pytest.raises(StoreError, match="stayed locked"):
+        guard.install(db, busy_timeout=0.2)
+    holder.execute("ROLLBACK")
+    # released while install waits: install goes through
+    holder.execute("BEGIN IMMEDIATE")
+    timer = threading.Timer(0.3, lambda: holder.execute("ROLLBACK"))
+    timer.start()
+    try:
+        result = guard.install(db, busy_timeout=30)
+    finally:
+        timer.join()
+        holder.close()
+    assert result.created
+    assert guard.status(db).triggers_intact
+
+
+def test_install_under_concurrent_writes_loses_nothing(gw: Gateway, db: Path) -> None:
+    """A second gateway-store connection writes live sessions in a thread while install runs."""
+    seed_sessions(gw)
+    stop = threading.Event()
+    written: list[str] = []
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        other = Gateway(db)
+        try:
+            i = 0
+            while not stop.is_set() or i < 50:
+                other.write(f"live-{i}", f"live-{i % 7}")
+                written.append(f"live-{i}")
+                i += 1
+        except BaseException as err:  # pragma: no cover - reported below
+            errors.append(err)
+        finally:
+            other.close()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        while len(written) < 20:
+            threading.Event().wait(0.01)
+        result = guard.install(db)
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []
+    assert result.created
+    assert set(written) <= all_trace_ids(db)
+    assert guard.status(db).dropped_writes == 0 and tombstones(db) == {}
+
+
+def test_triggers_intact_detection_and_repair(gw: Gateway, db: Path) -> None:
+    seed_sessions(gw)
+    guard.install(db)
+    conn = raw(db)
+    conn.execute("DROP TRIGGER gatewayscope_drop_trace")
+    status = guard.status(db)
+    assert status.installed and not status.triggers_intact
+    assert status.missing == ["gatewayscope_drop_trace"]
+    with sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True) as ro:
+        stats = guard.read_guard(ro)
+    assert stats is not None and stats.triggers_intact is False and stats.enabled is False
+    # an altered trigger (same name, other SQL) is caught too
+    conn.execute("DROP TRIGGER gatewayscope_tombstone_on_delete")
+    conn.execute("CREATE TRIGGER gatewayscope_tombstone_on_delete AFTER DELETE ON trace_sessions "
+                 "BEGIN SELECT 1; END")
+    conn.close()
+    status = guard.status(db)
+    assert status.altered == ["gatewayscope_tombstone_on_delete"]
+    repaired = guard.install(db)
+    assert repaired.changed and not repaired.created
+    assert repaired.repaired == ["gatewayscope_drop_trace", "gatewayscope_tombstone_on_delete"]
+    assert guard.status(db).triggers_intact
+    gw.delete("A")
+    gw.write("a3", "A")
+    assert "A" not in gw.sessions()
+
+
+def test_reinstall_keeps_tombstones_and_counters(gw: Gateway, db: Path) -> None:
+    seed_sessions(gw)
+    guard.install(db)
+    gw.delete("A")
+    gw.write("a3", "A")
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TRIGGER gatewayscope_drop_session_link")
+    guard.install(db)
+    status = guard.status(db)
+    assert (status.tombstones, status.dropped_writes) == (1, 1)
+
+
+def test_a_newer_schema_is_refused(gw: Gateway, db: Path) -> None:
+    guard.install(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE {guard.META_TABLE} SET value = 99 WHERE key = 'schema_version'")
+    with pytest.raises(StoreError, match="newer"):
+        guard.install(db)
+
+
+# ------------------------------------------------------------------------------------------------
+# lift, backfill, reading
+# ------------------------------------------------------------------------------------------------
+
+
+def test_retry_reusing_a_deleted_uid_is_dropped_visible_and_lifted(gw: Gateway, db: Path) -> None:
+    """rLLM's retry deletes the session and reuses its uid; the SQLite store never sees POST /sessions."""
+    uid = "3f2c9a1e-0000-4000-8000-000000000000:0"
+    gw.write("r1", uid)
+    guard.install(db)
+    gw.delete(uid)  # the failed attempt's cleanup
+    gw.write("retry-1", uid)  # the retry's first call: dropped
+    status = guard.status(db)
+    assert [(d.session_id, d.dropped) for d in status.top_droppers] == [(uid, 1)]
+    assert guard.lift_tombstone(db, uid) is True
+    gw.write("retry-2", uid)
+    assert gw.trace_ids(uid) == ["retry-2"]
+    assert guard.lift_tombstone(db, uid) is False
+    after = guard.status(db)
+    assert after.tombstones == 0 and after.dropped_writes == 1  # the total is history, kept
+
+
+def test_add_tombstones_is_idempotent_and_deletes_nothing(gw: Gateway, db: Path) -> None:
+    seed_sessions(gw)
+    guard.install(db)
+    before = gateway_state(db)
+    assert guard.add_tombstones(db, ["x", "y", "x", ""]) == (2, 0)
+    assert guard.add_tombstones(db, ["y", "z", "B"]) == (2, 1)
+    assert gateway_state(db) == before  # backfill deleted nothing, even for B which still has rows
+    gw.write("b2", "B")  # tombstone first, then delete: a write in between is dropped
+    gw.delete("B")
+    assert "B" not in gw.sessions()
+    assert tombstones(db) == {"x": 0, "y": 0, "z": 0, "B": 1}
+    with sqlite3.connect(db) as conn:
+        sources = dict(conn.execute(f"SELECT session_id, source FROM {guard.TOMBSTONES_TABLE}"))
+    assert sources["B"] == "backfill"
+
+
+def test_add_tombstones_needs_the_guard(gw: Gateway, db: Path) -> None:
+    with pytest.raises(StoreError, match="guard install"):
+        guard.add_tombstones(db, ["x"])
+    with pytest.raises(StoreError, match="guard install"):
+        guard.lift_tombstone(db, "x")
+
+
+def test_add_tombstones_in_several_transactions(gw: Gateway, db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(guard, "WRITE_BATCH", 7)
+    guard.install(db)
+    ids = [f"s{i}" for i in range(30)]
+    assert guard.add_tombstones(db, ids[:10]) == (10, 0)
+    assert guard.add_tombstones(db, ids) == (20, 10)
+    assert guard.status(db).tombstones == 30
+
+
+def test_read_guard_and_tombstoned_among_on_a_read_only_connection(gw: Gateway, db: Path) -> None:
+    seed_sessions(gw)
+    ro_uri = f"{db.resolve().as_uri()}?mode=ro"
+    with sqlite3.connect(ro_uri, uri=True) as ro:
+        assert guard.read_guard(ro) is None
+        assert guard.tombstoned_among(ro, ["A"]) == []
+    guard.install(db, capacity=5_000)
+    gw.delete("A")
+    gw.write("a3", "A")
+    gw.write("a4", "A")
+    guard.add_tombstones(db, [f"old-{i}" for i in range(1_200)])
+    ro = sqlite3.connect(ro_uri, uri=True)
+    try:
+        stats = guard.read_guard(ro)
+        asked = ["B", "old-1199", "A", "nope", "old-3", "A"] + [f"other-{i}" for i in range(1_000)]
+        found = guard.tombstoned_among(ro, asked)
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            ro.execute(f"DELETE FROM {guard.TOMBSTONES_TABLE}")
+    finally:
+        ro.close()
+    assert stats == GuardStats(tombstones=1_201, capacity=5_000, dropped_writes=2, evicted=0, enabled=True,
+                               triggers_intact=True, top_droppers=[{"session_id": "A", "dropped": 2}])
+    assert found == ["old-1199", "A", "old-3"]
+
+
+def test_wal_journal_mode(db: Path) -> None:
+    gateway = Gateway(db, wal=True)
+    try:
+        seed_sessions(gateway)
+        result = guard.install(db)
+        assert result.created
+        gateway.delete("A")
+        gateway.write("a3", "A")
+        ro = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            stats = guard.read_guard(ro)
+            assert guard.tombstoned_among(ro, ["A", "B"]) == ["A"]
+        finally:
+            ro.close()
+        assert stats is not None and stats.dropped_writes == 1 and stats.tombstones == 1
+        status = guard.status(db)
+        assert status.journal_mode == "wal" and status.triggers_intact
+        assert guard.add_tombstones(db, ["w1"]) == (1, 0)
+        assert guard.lift_tombstone(db, "A")
+        gateway.write("a4", "A")
+        assert gateway.sessions() == {"A": 1, "B": 1, "C": 1}
+        assert not guard.install(db).changed
+        guard.uninstall(db)
+    finally:
+        gateway.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# backfill and lift through a target (SQLite path or guarded gateway URL)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_read_ids_file(tmp_path: Path) -> None:
+    ids = tmp_path / "ids.txt"
+    ids.write_text("# orphans from scan\n  a:0  \n\nb:1\n   # indented comment\nc/d:2\n")
+    assert guard_backfill.read_ids_file(ids) == ["a:0", "b:1", "c/d:2"]
+    with pytest.raises(GatewayscopeError, match="no such ids file"):
+        guard_backfill.read_ids_file(tmp_path / "nope.txt")
+    with pytest.raises(GatewayscopeError, match="folder"):
+        guard_backfill.read_ids_file(tmp_path)
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(GatewayscopeError, match="not UTF-8"):
+        guard_backfill.read_ids_file(binary)
+
+
+def test_backfill_a_sqlite_target(gw: Gateway, db: Path) -> None:
+    guard.install(db)
+    result = guard_backfill.backfill_tombstones(str(db), [" a ", "b", "a", ""])
+    assert (result.new, result.already, result.total) == (2, 0, 2)
+    result = guard_backfill.backfill_tombstones(str(db), ["b", "c"])
+    assert (result.new, result.already, result.total) == (1, 1, 3)
+    assert guard_backfill.lift(str(db), "a") is True
+    assert guard_backfill.lift(str(db), "a") is False
+
+
+class FakeGuardedGateway:
+    """The guarded gateway's /guard routes (route contract of ``gatewayscope gateway``), over httpx's seam."""
+
+    def __init__(self, *, guarded: bool = True) -> None:
+        self.guarded = guarded
+        self.tombstones: dict[str, None] = {}
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        path = request.url.raw_path.decode()
+        if not self.guarded:
+            return httpx.Response(404, json={"detail": "Not Found"})
+        if request.method == "GET" and path == "/guard/status":
+            return httpx.Response(200, json={"enabled": True, "tombstones": len(self.tombstones),
+                                             "capacity": 1_000_000, "dropped_writes": 0, "evicted": 0,
+                                             "top_droppers": []})
+        if request.method == "POST" and path == "/guard/tombstones":
+            ids = json.loads(request.content)["session_ids"]
+            added = [sid for sid in dict.fromkeys(ids) if sid not in self.tombstones]
+            self.tombstones.update(dict.fromkeys(added))
+            return httpx.Response(200, json={"added": len(added), "already": len(ids) - len(added),
+                                             "tombstones": len(self.tombstones)})
+        if request.method == "DELETE" and path.startswith("/guard/tombstones/"):
+            from urllib.parse import unquote
+
+            sid = unquote(path.removeprefix("/guard/tombstones/"))
+            lifted = sid in self.tombstones
+            self.tombstones.pop(sid, None)
+            return httpx.Response(200, json={"lifted": lifted})
+        return httpx.Response(404, json={"error": "no route"})
+
+
+def test_backfill_a_guarded_gateway_in_batches() -> None:
+    fake = FakeGuardedGateway()
+    client = httpx.Client(transport=httpx.MockTransport(fake))
+    ids = [f"{i:05d}:0" for i in range(12_000)]
+    result = guard_backfill.backfill_tombstones("http://gw.test:9090/", ids, client=client)
+    assert (result.new, result.already, result.total) == (12_000, 0, 12_000)
+    posts = [r for r in fake.requests if r.method == "POST"]
+    assert [len(json.loads(r.content)["session_ids"]) for r in posts] == [5_000, 5_000, 2_000]
+    again = guard_backfill.backfill_tombstones("http://gw.test:9090", [*ids[:10], "new:0"], client=client)
+    assert (again.new, again.already, again.total) == (1, 10, 12_001)
+    assert guard_backfill.lift("http://gw.test:9090", "a/b:0", client=client) is False
+    fake.tombstones["a/b:0"] = None
+    assert guard_backfill.lift("http://gw.test:9090", "a/b:0", client=client) is True
+    assert fake.requests[-1].url.raw_path == b"/guard/tombstones/a%2Fb%3A0"
+
+
+def test_backfill_an_unguarded_gateway_says_what_to_run() -> None:
+    client = httpx.Client(transport=httpx.MockTransport(FakeGuardedGateway(guarded=False)))
+    with pytest.raises(GatewayscopeError, match="gatewayscope gateway.*instead of 'rllm-model-gateway'"):
+        guard_backfill.backfill_tombstones("http://gw.test", ["a"], client=client)
+    with pytest.raises(GatewayscopeError, match="unguarded"):
+        guard_backfill.lift("http://gw.test", "a", client=client)
+
+
+def test_backfill_an_unreachable_gateway() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    client = httpx.Client(transport=httpx.MockTransport(refuse))
+    with pytest.raises(UnreachableError, match="Cannot reach http://gw.test"):
+        guard_backfill.backfill_tombstones("http://gw.test", ["a"], client=client)
+
+
+# ------------------------------------------------------------------------------------------------
+# the CLI
+# ------------------------------------------------------------------------------------------------
+
+
+def test_cli_install_status_backfill_lift_uninstall(gw: Gateway, db: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    seed_sessions(gw)
+    path = str(db)
+    assert cli_main(["guard", "status", path]) == 1
+    assert "not installed" in capsys.readouterr().out
+    assert cli_main(["guard", "install", path, "--capacity", "1000"]) == 0
+    assert "Installed the tombstone guard" in capsys.readouterr().out
+    assert cli_main(["guard", "install", path]) == 0
+    assert "nothing changed" in capsys.readouterr().out
+    gw.delete("A")
+    gw.write("a3", "A")
+    ids = tmp_path / "ids.txt"
+    ids.write_text("# to delete\nold-1\nold-2\n\nA\n")
+    assert cli_main(["guard", "backfill", path, "--ids-file", str(ids)]) == 0
+    assert "2 new tombstones, 1 already tombstoned; 3 tombstones in total" in capsys.readouterr().out
+    assert cli_main(["guard", "backfill", path, "old-3"]) == 0
+    assert "1 new" in capsys.readouterr().out
+    assert cli_main(["guard", "status", path]) == 0
+    out = capsys.readouterr().out
+    assert "triggers intact" in out and "4 / 1,000" in out and "dropped writes  1" in out
+    assert "A" in out and f"gatewayscope guard lift {path} SESSION_ID" in out
+    assert cli_main(["guard", "status", path, "--format", "json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["tombstones"] == 4 and body["top_droppers"][0]["session_id"] == "A"
+    assert cli_main(["guard", "lift", path, "A"]) == 0
+    assert "Lifted the tombstone of A" in capsys.readouterr().out
+    assert cli_main(["guard", "lift", path, "A"]) == 0
+    assert "has no tombstone" in capsys.readouterr().out
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TRIGGER gatewayscope_drop_session_link")
+    assert cli_main(["guard", "status", path]) == 1
+    out = capsys.readouterr().out
+    assert "NOT intact" in out and "gatewayscope_drop_session_link" in out
+    assert f"Repair with: gatewayscope guard install {path}" in out
+    assert cli_main(["guard", "uninstall", path]) == 0
+    assert "Removed the tombstone guard" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["guard", "install", str(tmp_path / "none.db")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such file" in err
+    assert cli_main(["guard", "backfill", str(tmp_path / "none.db"), "--ids-file", str(tmp_path / "x")]) == 1
+    assert "no such ids file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["guard", "install", "x.db", "--capacity", "-5"])
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["guard", "backfill", "x.db"])
+    assert exit_info.value.code == 2
+    assert cli_main(["guard"]) == 2
+
+
+def test_cli_every_guard_action_is_documented() -> None:
+    import argparse
+
+    from gatewayscope.cli import build_parser
+
+    parser = build_parser()
+    top = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    guard_parser = top.choices["guard"]
+    assert guard_parser.description
+    sub = next(a for a in guard_parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == {"install", "status", "uninstall", "lift", "backfill"}
+    helps = {choice.dest: choice.help for choice in sub._choices_actions}
+    for name, action_parser in sub.choices.items():
+        assert helps.get(name), f"guard {name} has no one-line help"
+        assert action_parser.description, f"guard {name} has no description"
+        for arg in action_parser._actions:
+            assert arg.help, f"guard {name} {arg.dest} has no help"
