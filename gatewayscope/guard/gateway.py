@@ -1,0 +1,392 @@
+"""The guarded rLLM gateway: the real ``rllm-model-gateway`` app with the tombstone guard inside.
+
+A drop-in for the ``rllm-model-gateway`` command. It takes the same flags (``--host``, ``--port``,
+``--config``, ``--worker`` (repeatable), ``--db-path``, ``--store``, ``--log-level``) with the same
+defaults, reads them with rLLM's own config loader (so ``RLLM_GATEWAY_*`` env vars and the YAML file
+behave identically), builds the store rLLM would build, wraps it in a
+:class:`~gatewayscope.guard.memory.GuardedTraceStore` (``--max-tombstones N``, default 1,000,000,
+``0`` disables the guard), and serves rLLM's own app with uvicorn exactly as rLLM's ``main`` does.
+
+What it adds to the gateway's API:
+
+* an explicit ``POST /sessions`` for a tombstoned id lifts its tombstone (rLLM's retry deletes a
+  session and re-creates the same uid); a bare trace write never does;
+* ``GET /guard/status``, ``POST /guard/tombstones`` (backfill), ``POST /guard/tombstones/check``,
+  ``DELETE /guard/tombstones/{session_id}``;
+* ``GET /metrics`` with the guard's figures (``gatewayscope_guard_*``), from a private registry.
+
+With ``--store sqlite`` the guard works the same way, but its tombstones live in this process's memory
+and are gone after a restart. For a guard kept inside the database file (which also protects an
+unmodified gateway), install the triggers with ``gatewayscope guard install``.
+
+Run it as ``gatewayscope gateway ...`` or ``python -m gatewayscope.guard.gateway ...``. Nothing here
+imports the rLLM gateway (or FastAPI) until an app is built, so the CLI works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+import json
+import logging
+import sys
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gatewayscope.errors import ConfigError, GatewayscopeError
+from gatewayscope.guard.memory import DEFAULT_MAX_TOMBSTONES, DEFAULT_TOP_DROPPERS, GuardedTraceStore
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from fastapi import FastAPI
+    from prometheus_client.metrics_core import Metric
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "install it with: pip install 'gatewayscope[gateway]'"
+
+#: metric name -> HELP; the names are a public contract (dashboards and alerts use them)
+METRIC_HELP = {
+    "gatewayscope_guard_tombstones": (
+        "Deleted session ids the guard remembers right now; a trace write for one of them is dropped "
+        "instead of re-creating the session as an orphan."
+    ),
+    "gatewayscope_guard_tombstone_capacity": (
+        "Most tombstones the guard keeps (--max-tombstones); beyond it the oldest is evicted. "
+        "0 means the guard is disabled and deleted sessions can be resurrected."
+    ),
+    "gatewayscope_guard_dropped_writes": (
+        "Trace writes dropped since the gateway started because their session had been deleted "
+        "(stragglers that would have left a one-trace orphan session)."
+    ),
+    "gatewayscope_guard_tombstones_evicted": (
+        "Tombstones evicted (oldest first) since the gateway started to stay within the capacity; "
+        "a late write for an evicted id re-creates its session."
+    ),
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Flags and config (no rLLM import needed to declare the flags)
+# ------------------------------------------------------------------------------------------------
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 (0 disables the guard), not {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``rllm-model-gateway``'s flags (same names, same defaults) plus ``--max-tombstones``."""
+    parser.add_argument("--host", type=str, default=None,
+                        help="address to listen on (rLLM's default: 0.0.0.0; env RLLM_GATEWAY_HOST)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="port to listen on (rLLM's default: 9090; env RLLM_GATEWAY_PORT)")
+    parser.add_argument("--config", type=str, default=None, help="Path to YAML config (rLLM's GatewayConfig)")
+    parser.add_argument("--worker", type=str, action="append",
+                        help="Worker URL (can be repeated)")
+    parser.add_argument("--db-path", type=str, default=None,
+                        help="SQLite file for --store sqlite (rLLM's default: ~/.rllm/gateway_traces.db)")
+    parser.add_argument("--store", type=str, default=None, choices=["sqlite", "memory"],
+                        help="trace store (rLLM 0.1.0's default: sqlite; env RLLM_GATEWAY_STORE)")
+    parser.add_argument("--log-level", type=str, default=None, help="log level (default: INFO)")
+    parser.add_argument(
+        "--max-tombstones", type=_non_negative_int, default=DEFAULT_MAX_TOMBSTONES, metavar="N",
+        help=(f"most deleted session ids the guard remembers, oldest evicted first "
+              f"(default: {DEFAULT_MAX_TOMBSTONES:,}); 0 disables the guard (rLLM's own behaviour)"),
+    )
+
+
+def build_parser(prog: str = "python -m gatewayscope.guard.gateway") -> argparse.ArgumentParser:
+    """The launcher's parser (the same flags as ``gatewayscope gateway``)."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=("rllm-model-gateway with gatewayscope's tombstone guard: "
+                     "same flags, plus --max-tombstones."),
+    )
+    add_arguments(parser)
+    return parser
+
+
+def require_gateway() -> None:
+    """Raise a :class:`GatewayscopeError` with the install command when the rLLM gateway is missing."""
+    try:
+        import rllm_model_gateway.server  # noqa: F401
+    except ImportError as err:
+        raise GatewayscopeError(
+            f"The guarded gateway needs the rLLM model gateway, which cannot be imported ({err}); "
+            f"{INSTALL_HINT}"
+        ) from None
+
+
+def load_config(args: argparse.Namespace) -> Any:
+    """rLLM's ``GatewayConfig`` from the flags, env vars and YAML, read by rLLM's own ``_load_config``."""
+    require_gateway()
+    from rllm_model_gateway.server import _load_config
+
+    try:
+        return _load_config(args)
+    except OSError as err:
+        raise ConfigError(f"Cannot read the gateway config file {args.config!r}: {err}") from None
+    except Exception as err:  # pydantic ValidationError, yaml errors, a non-numeric RLLM_GATEWAY_PORT
+        raise ConfigError(f"The gateway configuration is not valid: {err}") from None
+
+
+# ------------------------------------------------------------------------------------------------
+# The app
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_store_protocol(store: Any) -> None:
+    """The guard wraps rLLM 0.1.0's ``store_trace(trace_id, session_id, data)``; refuse anything else."""
+    try:
+        supported = "session_id" in inspect.signature(store.store_trace).parameters
+    except (AttributeError, TypeError, ValueError):
+        supported = False
+    if not supported:
+        raise GatewayscopeError(
+            f"This rllm-model-gateway's trace store ({type(store).__name__}) does not have the 0.1.0 "
+            "TraceStore API (store_trace(trace_id, session_id, data)) that the in-process guard wraps. "
+            "Use the 0.1.0 release, or the SQLite trigger guard (gatewayscope guard install)."
+        )
+
+
+def install_lift_on_create(sessions: Any, guard: GuardedTraceStore) -> None:
+    """Make an explicit session creation lift that id's tombstone.
+
+    rLLM's ``POST /sessions`` route calls ``sessions.create_session(...)`` through a closure over its
+    ``SessionManager`` (also ``app.state.sessions``). Shadowing the method on that one instance hooks
+    exactly the explicit-creation path: implicit creation by a proxied call goes through
+    ``ensure_session`` and a trace write through the store, so neither lifts anything. The id lifted is
+    the one the manager returns (the id the client asked for).
+    """
+    original = sessions.create_session
+    if getattr(original, "__gatewayscope_lifts__", False):
+        return
+
+    if inspect.iscoroutinefunction(original):  # a future SessionManager; 0.1.0's is synchronous
+        @functools.wraps(original)
+        async def create_session_async(*args: Any, **kwargs: Any) -> Any:
+            sid = await original(*args, **kwargs)
+            guard.lift(str(sid))
+            return sid
+
+        hooked: Any = create_session_async
+    else:
+        @functools.wraps(original)
+        def create_session(*args: Any, **kwargs: Any) -> Any:
+            sid = original(*args, **kwargs)
+            guard.lift(str(sid))
+            return sid
+
+        hooked = create_session
+    hooked.__gatewayscope_lifts__ = True
+    sessions.create_session = hooked
+
+
+class GuardCollector(Collector):
+    """A prometheus-client collector: fresh ``gatewayscope_guard_*`` families from the guard per scrape.
+
+    No label carries a session id (or any label at all): the per-session figures stay on
+    ``/guard/status``.
+    """
+
+    def __init__(self, guard: GuardedTraceStore) -> None:
+        self.guard = guard
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the four families, read from one :meth:`GuardedTraceStore.stats` call."""
+        stats = self.guard.stats()
+        for name, value in (("gatewayscope_guard_tombstones", stats.tombstones),
+                            ("gatewayscope_guard_tombstone_capacity", stats.capacity)):
+            yield GaugeMetricFamily(name, METRIC_HELP[name], value=value)
+        for name, value in (("gatewayscope_guard_dropped_writes", stats.dropped_writes),
+                            ("gatewayscope_guard_tombstones_evicted", stats.evicted)):
+            yield CounterMetricFamily(name, METRIC_HELP[name], value=value)
+
+
+def guard_registry(guard: GuardedTraceStore) -> CollectorRegistry:
+    """A private registry holding only the guard's collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GuardCollector(guard))
+    return registry
+
+
+def status_payload(guard: GuardedTraceStore) -> dict[str, Any]:
+    """The body of ``GET /guard/status``."""
+    stats = guard.stats()
+    return {
+        "enabled": stats.enabled,
+        "tombstones": stats.tombstones,
+        "capacity": stats.capacity,
+        "dropped_writes": stats.dropped_writes,
+        "evicted": stats.evicted,
+        "top_droppers": [{"session_id": str(d["session_id"]), "dropped": int(d["dropped"])}
+                         for d in stats.top_droppers],
+    }
+
+
+_BODY_SHAPE = '{"session_ids": ["<session id>", ...]}'
+
+
+def parse_session_ids(raw: bytes) -> list[str]:
+    """The ``session_ids`` of a guard request body; ValueError with a message for the client otherwise.
+
+    Other keys are ignored: the gateway's own middleware adds sampling fields (``logprobs``, ...) to
+    every JSON object POSTed to it.
+
+    >>> parse_session_ids(b'{"session_ids": ["a:0", "b:1"], "logprobs": true}')
+    ['a:0', 'b:1']
+    """
+    try:
+        body = json.loads(raw) if raw else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"the body must be JSON of the shape {_BODY_SHAPE}") from None
+    if not isinstance(body, dict) or "session_ids" not in body:
+        raise ValueError(f"the body must be a JSON object of the shape {_BODY_SHAPE}")
+    ids = body["session_ids"]
+    if not isinstance(ids, list):
+        raise ValueError(f"session_ids must be a list of session id strings, not {type(ids).__name__}")
+    for position, sid in enumerate(ids):
+        if not isinstance(sid, str) or not sid:
+            raise ValueError(f"session_ids[{position}] must be a non-empty string, not {sid!r}")
+    return ids
+
+
+def add_guard_routes(app: Any, guard: GuardedTraceStore) -> None:
+    """Add ``/guard/...`` and ``/metrics`` to a (gateway) Starlette/FastAPI app.
+
+    Plain Starlette routes: they take the request and return a response, nothing is injected.
+    """
+    from prometheus_client.exposition import choose_encoder
+    from starlette.responses import JSONResponse
+    from starlette.responses import Response as StarletteResponse
+
+    registry = guard_registry(guard)
+
+    def error(status: int, message: str) -> Response:
+        return JSONResponse({"error": message}, status_code=status)  # the gateway's error envelope
+
+    async def status(request: Request) -> Response:
+        return JSONResponse(status_payload(guard))
+
+    async def add(request: Request) -> Response:
+        try:
+            ids = parse_session_ids(await request.body())
+        except ValueError as err:
+            return error(400, str(err))
+        if not guard.enabled:
+            return error(409, "The tombstone guard is disabled (--max-tombstones 0): no tombstone was "
+                              "recorded. Restart the gateway with a capacity to record tombstones.")
+        added, already = guard.add_tombstones(ids)
+        return JSONResponse({"added": added, "already": already, "tombstones": guard.stats().tombstones})
+
+    async def check(request: Request) -> Response:
+        try:
+            ids = parse_session_ids(await request.body())
+        except ValueError as err:
+            return error(400, str(err))
+        return JSONResponse({"tombstoned": guard.tombstoned_among(ids)})
+
+    async def lift(request: Request) -> Response:
+        return JSONResponse({"lifted": guard.lift(request.path_params["session_id"])})
+
+    async def metrics(request: Request) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return StarletteResponse(encoder(registry), media_type=content_type)
+
+    app.add_route("/guard/status", status, methods=["GET"])
+    app.add_route("/guard/tombstones", add, methods=["POST"])
+    app.add_route("/guard/tombstones/check", check, methods=["POST"])
+    app.add_route("/guard/tombstones/{session_id:path}", lift, methods=["DELETE"])
+    app.add_route("/metrics", metrics, methods=["GET"])
+
+
+def build_app(
+    config: Any = None,
+    *,
+    max_tombstones: int = DEFAULT_MAX_TOMBSTONES,
+    top_droppers: int = DEFAULT_TOP_DROPPERS,
+    store: Any = None,
+) -> FastAPI:
+    """rLLM's own gateway app (``create_app``) around a guarded store, plus the guard's routes.
+
+    ``config`` is rLLM's ``GatewayConfig`` (its defaults when None); ``store`` the inner store (rLLM's
+    ``create_store(config)`` when None). The guard is ``app.state.guard``.
+    """
+    require_gateway()
+    from rllm_model_gateway.models import GatewayConfig
+    from rllm_model_gateway.server import create_app, create_store
+
+    if config is None:
+        config = GatewayConfig()
+    inner = store if store is not None else create_store(config)
+    _check_store_protocol(inner)
+    guard = GuardedTraceStore(inner, max_tombstones=max_tombstones, top_droppers=top_droppers)
+    app = create_app(config, store=guard)
+    sessions = getattr(app.state, "sessions", None)
+    if sessions is None or not callable(getattr(sessions, "create_session", None)):
+        raise GatewayscopeError(
+            "This rllm-model-gateway app has no app.state.sessions.create_session, so POST /sessions "
+            "could not lift a tombstone and a retry reusing its uid would lose its traces; refusing to start."
+        )
+    install_lift_on_create(sessions, guard)
+    add_guard_routes(app, guard)
+    app.state.guard = guard
+    return app
+
+
+# ------------------------------------------------------------------------------------------------
+# Serving
+# ------------------------------------------------------------------------------------------------
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Build the guarded gateway from parsed flags and serve it until interrupted (like rLLM's main)."""
+    config = load_config(args)
+    logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.INFO))
+    app = build_app(config, max_tombstones=args.max_tombstones)
+    if args.max_tombstones == 0:
+        logger.warning("gatewayscope tombstone guard DISABLED (--max-tombstones 0): a trace write after a "
+                       "session's delete re-creates the session, as in rllm-model-gateway.")
+    else:
+        logger.info("gatewayscope tombstone guard on: up to %d tombstones (oldest evicted first); "
+                    "state at /guard/status and /metrics", args.max_tombstones)
+    if config.store_worker == "sqlite":
+        logger.info("--store sqlite: the guard's tombstones live in this process's memory and are lost on "
+                    "restart; to keep them in the database file (protecting an unmodified gateway too), "
+                    "run 'gatewayscope guard install'.")
+
+    import uvicorn
+
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level.lower())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gatewayscope.guard.gateway``: parse, serve; errors as one sentence (exit 2 or 1)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return serve(args)
+    except ConfigError as err:
+        for problem in err.problems:
+            sys.stderr.write(f"gatewayscope gateway: {problem}\n")
+        return 2
+    except GatewayscopeError as err:
+        sys.stderr.write(f"gatewayscope gateway: {err}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

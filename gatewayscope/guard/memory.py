@@ -1,0 +1,299 @@
+"""The tombstone guard for the rLLM gateway's trace store, in process.
+
+:class:`GuardedTraceStore` wraps ANY store that implements the gateway's ``TraceStore`` protocol
+(``MemoryTraceStore``, ``SqliteTraceStore``, a custom one) and fixes the persist-after-delete race of
+seed 000: traces persist fire-and-forget, so an LLM call still in flight when a rollout flushes and
+deletes its session returns later and its ``store_trace`` re-creates the deleted session as a
+permanent one-trace orphan.
+
+* ``delete_session`` records a tombstone for the id *before* it awaits the inner delete, so a
+  straggler that arrives while the inner delete is still running is dropped too. A write for that id
+  already admitted (awaiting the inner store) is waited for before the inner delete starts, so it
+  cannot land after it.
+* ``store_trace`` for a tombstoned id is dropped and counted (in total, and per session for the worst
+  offenders, in bounded memory).
+* The tombstones are insertion-ordered and FIFO-capped (``max_tombstones``, default 1,000,000): the
+  oldest is evicted first and evictions are counted. ``max_tombstones=0`` disables the guard: every
+  call goes straight to the inner store, exactly the legacy behaviour.
+* :meth:`GuardedTraceStore.lift` removes a tombstone: an explicit re-creation (``POST /sessions`` for
+  a deleted id, which is how an rLLM retry reuses its uid). A bare trace write never lifts one.
+
+Every operation on the write path is O(1) (a dropped write costs well under a microsecond). Memory:
+about 170 bytes per tombstone for an rLLM uid (the 38-character id string plus its ordered-dict entry),
+so roughly 170 MB when the default cap is full. The guard is meant for one asyncio event loop (the
+gateway's); its bookkeeping between awaits is atomic there, it is not thread-safe.
+
+>>> import asyncio
+>>> class Plain:  # the smallest inner store, for the example
+...     def __init__(self): self.sessions = {}
+...     async def store_trace(self, trace_id, session_id, data):
+...         self.sessions.setdefault(session_id, []).append(trace_id)
+...     async def delete_session(self, session_id):
+...         return len(self.sessions.pop(session_id, []))
+>>> guard = GuardedTraceStore(Plain(), max_tombstones=10)  # type: ignore[arg-type]
+>>> async def rollout():
+...     await guard.store_trace("t1", "uid:0", {})
+...     await guard.delete_session("uid:0")
+...     await guard.store_trace("t2", "uid:0", {})  # the straggler
+>>> asyncio.run(rollout())
+>>> guard.stats().dropped_writes, guard.is_tombstoned("uid:0")
+(1, True)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from gatewayscope.snapshot import GuardStats
+
+#: the default cap on tombstones, as in the seed's fix (one short string each: tens of MB at most)
+DEFAULT_MAX_TOMBSTONES = 1_000_000
+#: how many of the worst-dropping sessions the guard keeps a count for
+DEFAULT_TOP_DROPPERS = 100
+
+
+class TraceStore(Protocol):
+    """The rLLM gateway's ``TraceStore`` protocol as released on PyPI (0.1.0,
+    ``rllm_model_gateway.store.base``), restated here so this module imports without the gateway."""
+
+    async def store_trace(self, trace_id: str, session_id: str, data: dict[str, Any]) -> None: ...
+
+    async def get_trace(self, trace_id: str) -> dict[str, Any] | None: ...
+
+    async def get_session_traces(
+        self, session_id: str, since: float | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    async def delete_session(self, session_id: str) -> int: ...
+
+    async def list_sessions(
+        self, since: float | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    async def flush(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class _TopCounter:
+    """Exact per-key counts for at most ``capacity`` keys, O(1) per increment.
+
+    Keys are grouped in buckets by count (a stream-summary layout). When a new key arrives at a full
+    table, the oldest key with the lowest count is evicted, so keys that dropped many writes stay and
+    one-off keys churn among themselves. A key's count is exact while it is tracked; an evicted key
+    that comes back starts again from 1.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._count: dict[str, int] = {}
+        self._buckets: dict[int, OrderedDict[str, None]] = {}
+        self._min = 0
+
+    def __len__(self) -> int:
+        return len(self._count)
+
+    def add(self, key: str) -> None:
+        if self.capacity <= 0:
+            return
+        old = self._count.get(key)
+        if old is None:
+            if len(self._count) >= self.capacity:
+                self._evict_one()
+            self._count[key] = 1
+            self._buckets.setdefault(1, OrderedDict())[key] = None
+            self._min = 1
+            return
+        bucket = self._buckets[old]
+        del bucket[key]
+        if not bucket:
+            del self._buckets[old]
+            if self._min == old:
+                self._min = old + 1
+        self._count[key] = old + 1
+        self._buckets.setdefault(old + 1, OrderedDict())[key] = None
+
+    def _evict_one(self) -> None:
+        bucket = self._buckets[self._min]
+        key, _ = bucket.popitem(last=False)
+        del self._count[key]
+        if not bucket:
+            del self._buckets[self._min]
+            # the next add() inserts a count-1 key and resets ``_min``; nothing reads it before then
+
+    def top(self, n: int | None = None) -> list[tuple[str, int]]:
+        """The tracked keys, highest count first (ties: the key that reached its count first)."""
+        ordered = [(key, count) for count in sorted(self._buckets, reverse=True)
+                   for key in self._buckets[count]]
+        return ordered if n is None else ordered[:n]
+
+
+class GuardedTraceStore:
+    """A ``TraceStore`` that refuses to resurrect deleted sessions.
+
+    Only the protocol's methods are delegated; anything else the inner store offers is reached through
+    :attr:`inner`, so no method can write around the guard by accident.
+
+    Args:
+        inner: the store to wrap; every protocol method is delegated to it.
+        max_tombstones: the FIFO cap on remembered deletions; ``0`` disables the guard entirely.
+        top_droppers: how many sessions keep an exact dropped-write count (the worst offenders).
+    """
+
+    def __init__(
+        self,
+        inner: TraceStore,
+        *,
+        max_tombstones: int = DEFAULT_MAX_TOMBSTONES,
+        top_droppers: int = DEFAULT_TOP_DROPPERS,
+    ) -> None:
+        if isinstance(max_tombstones, bool) or not isinstance(max_tombstones, int) or max_tombstones < 0:
+            raise ValueError(f"max_tombstones must be a whole number >= 0 (0 disables the guard), "
+                             f"not {max_tombstones!r}")
+        if isinstance(top_droppers, bool) or not isinstance(top_droppers, int) or top_droppers < 0:
+            raise ValueError(f"top_droppers must be a whole number >= 0, not {top_droppers!r}")
+        self.inner = inner
+        self.max_tombstones = max_tombstones
+        self.top_droppers = top_droppers
+        self._tombstones: OrderedDict[str, None] = OrderedDict()
+        self._dropped = 0
+        self._evicted = 0
+        self._droppers = _TopCounter(top_droppers)
+        # writes admitted (not tombstoned when they arrived) and still awaiting the inner store
+        self._inflight: dict[str, int] = {}
+        # deletes waiting for those writes to land before they delete
+        self._drained: dict[str, asyncio.Event] = {}
+
+    # -- the guard's own API ----------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        """False when ``max_tombstones`` is 0: the wrapper is then a plain pass-through."""
+        return self.max_tombstones > 0
+
+    def is_tombstoned(self, session_id: str) -> bool:
+        """Whether writes for ``session_id`` are being dropped."""
+        return session_id in self._tombstones
+
+    def tombstoned_among(self, session_ids: Iterable[str]) -> list[str]:
+        """The ids of ``session_ids`` that carry a tombstone, in the given order, without duplicates."""
+        tombstones = self._tombstones
+        return [sid for sid in dict.fromkeys(session_ids) if sid in tombstones]
+
+    def lift(self, session_id: str) -> bool:
+        """Remove ``session_id``'s tombstone (an explicit re-creation). True if it had one."""
+        try:
+            del self._tombstones[session_id]
+        except KeyError:
+            return False
+        return True
+
+    def add_tombstones(self, session_ids: Iterable[str]) -> tuple[int, int]:
+        """Record tombstones for ids known to be deleted, deleting nothing (backfill).
+
+        Idempotent: an id that already has a tombstone keeps it, in its place. Returns
+        ``(new, already)``. The FIFO cap applies, so adding more than the capacity evicts the oldest
+        (and counts the evictions). On a disabled guard nothing is recorded and ``(0, 0)`` is returned.
+        """
+        if not self.enabled:
+            return 0, 0
+        new = already = 0
+        for sid in session_ids:
+            if sid in self._tombstones:
+                already += 1
+            else:
+                self._record(sid)
+                new += 1
+        return new, already
+
+    def stats(self) -> GuardStats:
+        """The guard's figures right now (``capacity`` is 0 and ``enabled`` False when disabled)."""
+        return GuardStats(
+            tombstones=len(self._tombstones),
+            capacity=self.max_tombstones,
+            dropped_writes=self._dropped,
+            evicted=self._evicted,
+            enabled=self.enabled,
+            top_droppers=[{"session_id": sid, "dropped": n}
+                          for sid, n in self._droppers.top(self.top_droppers)],
+        )
+
+    def _record(self, session_id: str, *, refresh: bool = False) -> None:
+        tombstones = self._tombstones
+        if session_id in tombstones:
+            if refresh:
+                tombstones.move_to_end(session_id)
+            return
+        tombstones[session_id] = None
+        if len(tombstones) > self.max_tombstones:
+            tombstones.popitem(last=False)
+            self._evicted += 1
+
+    # -- the TraceStore protocol ------------------------------------------------------------------
+
+    async def store_trace(self, trace_id: str, session_id: str, data: dict[str, Any]) -> None:
+        """Store a trace, unless its session was deleted: then drop it and count it."""
+        if not self.enabled:
+            await self.inner.store_trace(trace_id, session_id, data)
+            return
+        if session_id in self._tombstones:
+            self._dropped += 1
+            self._droppers.add(session_id)
+            return
+        inflight = self._inflight
+        inflight[session_id] = inflight.get(session_id, 0) + 1
+        try:
+            await self.inner.store_trace(trace_id, session_id, data)
+        finally:
+            left = inflight[session_id] - 1
+            if left:
+                inflight[session_id] = left
+            else:
+                del inflight[session_id]
+                waiter = self._drained.pop(session_id, None)
+                if waiter is not None:
+                    waiter.set()
+
+    async def delete_session(self, session_id: str) -> int:
+        """Tombstone the session, let writes already admitted for it land, then delete it.
+
+        The tombstone is recorded before the first await, so any write arriving from now on (including
+        during an inner delete that awaits I/O) is dropped. Deleting an id that already has a
+        tombstone moves it to the young end of the FIFO.
+        """
+        if not self.enabled:
+            return await self.inner.delete_session(session_id)
+        self._record(session_id, refresh=True)
+        if session_id in self._inflight:
+            waiter = self._drained.get(session_id)
+            if waiter is None:
+                waiter = self._drained[session_id] = asyncio.Event()
+            await waiter.wait()
+        return await self.inner.delete_session(session_id)
+
+    async def get_trace(self, trace_id: str) -> dict[str, Any] | None:
+        """Delegated to the inner store."""
+        return await self.inner.get_trace(trace_id)
+
+    async def get_session_traces(
+        self, session_id: str, since: float | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Delegated to the inner store."""
+        return await self.inner.get_session_traces(session_id, since=since, limit=limit)
+
+    async def list_sessions(
+        self, since: float | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Delegated to the inner store."""
+        return await self.inner.list_sessions(since=since, limit=limit)
+
+    async def flush(self) -> None:
+        """Delegated to the inner store."""
+        await self.inner.flush()
+
+    async def close(self) -> None:
+        """Delegated to the inner store."""
+        await self.inner.close()
