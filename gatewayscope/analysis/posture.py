@@ -16,11 +16,7 @@ which is ``false`` for all three.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from gatewayscope.config import Policy
-    from gatewayscope.snapshot import BifrostData
+from typing import Any
 
 #: setting -> the value the platform keeps it at, in the order drift is reported
 SAFE_POSTURE: dict[str, bool] = {
@@ -66,17 +62,3 @@ def posture_drift(client_config: dict[str, Any]) -> list[str]:
             drift.append(setting)
     return drift
 
-
-def bifrost_summary(data: BifrostData, policy: Policy, memory_limit_bytes: int) -> dict[str, Any]:
-    """The same as :func:`gatewayscope.analysis.pools.bifrost_summary` (every Bifrost finding as one
-    JSON-able dict), reachable from here too."""
-    from gatewayscope.analysis.pools import bifrost_summary as summary  # pools imports this module
-
-    return summary(data, policy, memory_limit_bytes)
-
-
-def bifrost_sentence(summary: dict[str, Any]) -> str:
-    """The same as :func:`gatewayscope.analysis.pools.bifrost_sentence`, reachable from here too."""
-    from gatewayscope.analysis.pools import bifrost_sentence as sentence
-
-    return sentence(summary)

@@ -21,6 +21,7 @@ from gatewayscope.errors import ConfigError, GatewayscopeError
 #: subcommand modules, in the order ``--help`` lists them
 COMMAND_MODULES = [
     "gatewayscope.cli.scan",
+    "gatewayscope.cli.export",
     "gatewayscope.cli.gateway",
     "gatewayscope.cli.guard",
     "gatewayscope.cli.emulate",

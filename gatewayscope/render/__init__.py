@@ -33,7 +33,7 @@ def human_seconds(value: float | int | None) -> str:
     """
     if value is None:
         return "-"
-    seconds = int(round(float(value)))
+    seconds = round(float(value))
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)

@@ -209,7 +209,8 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
             body = client.request("GET", "/admin/weight_version")
             current_weight = _as_int(body.get("weight_version")) if isinstance(body, dict) else None
 
-        guard = read_guard_status(client) if capabilities["guard"] or not paths else None
+        # always asked: the guard's routes need not appear in the OpenAPI document; a 404 means no guard
+        guard = read_guard_status(client)
         capabilities["guard"] = guard is not None
 
         tombstoned: list[str] = []

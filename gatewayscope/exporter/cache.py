@@ -1,0 +1,202 @@
+"""Per-target reads for the exporter: a minimum interval, single-flight, and a deadline per scrape.
+
+Each target has one slot holding its last completed read and the read running now, if any:
+
+* a scrape within ``min_interval_seconds`` of the last completed read reuses it (several Prometheus
+  replicas do not multiply the load on a gateway);
+* otherwise the scrape joins the read already running for that target, or starts one (never two at once);
+* the scrape waits for it until its deadline; a read that misses the deadline keeps running in its own
+  thread, its result lands in the slot and serves the next scrape, and this scrape reports the target
+  down (``source="deadline"``).
+
+Reads run in daemon threads, one per running read, so at most one thread per target is ever busy with a
+hung gateway. ``reader`` is the seam tests use; it defaults to :func:`gatewayscope.scan.read_target`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from gatewayscope.config import Policy, Target
+from gatewayscope.snapshot import TargetSnapshot
+
+log = logging.getLogger(__name__)
+
+#: ``reader(target, policy, now=..., transport=...)`` -> TargetSnapshot, never raising
+Reader = Callable[..., TargetSnapshot]
+
+#: how a scrape got a target's values (the ``source`` label of gatewayscope_exporter_target_scrapes_total)
+SOURCES = ("read", "joined", "cached", "deadline")
+#: how a read ended (the ``result`` label of gatewayscope_exporter_target_reads_total)
+RESULTS = ("ok", "error")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One completed read of a target."""
+
+    snapshot: TargetSnapshot
+    started_mono: float
+    finished_mono: float
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    """What one scrape serves for one target."""
+
+    target: Target
+    snapshot: TargetSnapshot
+    #: one of SOURCES
+    source: str
+    #: seconds since the read behind these values started; None when the scrape missed its deadline
+    age_seconds: float | None
+
+
+@dataclass
+class _Slot:
+    last: Reading | None = None
+    inflight: Future[Reading] | None = None
+    reads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESULTS, 0))
+    scrapes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+
+
+def _default_reader(target: Target, policy: Policy, *, now: float, transport: Any = None) -> TargetSnapshot:
+    from gatewayscope.scan import read_target
+
+    return read_target(target, policy, now=now, transport=transport)
+
+
+class TargetCache:
+    """The exporter's per-target slots. Thread-safe; every method may be called from any thread."""
+
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        policy: Policy,
+        *,
+        min_interval_seconds: float,
+        reader: Reader | None = None,
+        transports: dict[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.targets = list(targets)
+        self.policy = policy
+        self.min_interval_seconds = float(min_interval_seconds)
+        self.reader: Reader = reader or _default_reader
+        self.transports = dict(transports or {})
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self._lock = threading.Lock()
+        self._slots: dict[str, _Slot] = {t.name: _Slot() for t in self.targets}
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def _start_read(self, target: Target, slot: _Slot) -> Future[Reading]:
+        """Start a read of ``target`` in its own daemon thread. Call with the lock held."""
+        future: Future[Reading] = Future()
+        slot.inflight = future
+
+        def run() -> None:
+            started = self.clock()
+            wall = self.wall_clock()
+            try:
+                snapshot = self.reader(target, self.policy, now=wall, transport=self.transports.get(target.name))
+            except Exception as err:  # read_target never raises; a custom reader might
+                log.debug("reading %s failed", target.name, exc_info=True)
+                snapshot = TargetSnapshot(
+                    name=target.name, kind=target.kind, address=target.address, up=False, started_at=wall,
+                    duration_seconds=self.clock() - started,
+                    error=f"unexpected {type(err).__name__} while reading {target.address}: {err}",
+                    error_kind="internal",
+                )
+            reading = Reading(snapshot=snapshot, started_mono=started, finished_mono=self.clock())
+            with self._lock:
+                slot.last = reading
+                slot.inflight = None
+                slot.reads["ok" if snapshot.up else "error"] += 1
+            future.set_result(reading)
+
+        thread = threading.Thread(target=run, name=f"gatewayscope-export-{target.name}", daemon=True)
+        thread.start()
+        return future
+
+    def fetch(self, targets: Sequence[Target], timeout: float) -> list[TargetResult]:
+        """The values of ``targets`` for one scrape, waiting at most ``timeout`` seconds in all.
+
+        Reads are started (or joined) for every target first, so they run concurrently; each result is
+        then awaited until the common deadline.
+        """
+        start = self.clock()
+        deadline = start + max(0.0, timeout)
+        results: dict[str, TargetResult] = {}
+        waiting: list[tuple[Target, Future[Reading], str]] = []
+        with self._lock:
+            for target in targets:
+                slot = self._slots.setdefault(target.name, _Slot())
+                now = self.clock()
+                last = slot.last
+                if last is not None and now - last.finished_mono < self.min_interval_seconds:
+                    slot.scrapes["cached"] += 1
+                    results[target.name] = TargetResult(target, last.snapshot, "cached", now - last.started_mono)
+                elif slot.inflight is not None:
+                    waiting.append((target, slot.inflight, "joined"))
+                else:
+                    waiting.append((target, self._start_read(target, slot), "read"))
+        for target, future, source in waiting:
+            try:
+                reading = future.result(timeout=max(0.0, deadline - self.clock()))
+            except FutureTimeout:
+                waited = self.clock() - start
+                snapshot = TargetSnapshot(
+                    name=target.name, kind=target.kind, address=target.address, up=False,
+                    started_at=self.wall_clock() - waited, duration_seconds=waited,
+                    error=(f"no answer within this scrape's deadline of {timeout:.2f} s; the read goes on and "
+                           "its result serves the next scrape"),
+                    error_kind="deadline",
+                )
+                result = TargetResult(target, snapshot, "deadline", None)
+            else:
+                result = TargetResult(target, reading.snapshot, source, self.clock() - reading.started_mono)
+            with self._lock:
+                self._slots[target.name].scrapes[result.source] += 1
+            results[target.name] = result
+        return [results[t.name] for t in targets]
+
+    # -- state for the self-metrics and the landing page ---------------------------------------
+
+    def counters(self) -> dict[str, dict[str, Any]]:
+        """Per target: ``reads`` (by result), ``scrapes`` (by source), ``in_flight`` (0/1) and ``last``."""
+        with self._lock:
+            return {
+                name: {
+                    "reads": dict(slot.reads),
+                    "scrapes": dict(slot.scrapes),
+                    "in_flight": 1 if slot.inflight is not None else 0,
+                    "last": slot.last,
+                }
+                for name, slot in self._slots.items()
+            }
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no read is running (tests and orderly shutdown). True when idle in time."""
+        deadline = self.clock() + timeout
+        while True:
+            with self._lock:
+                futures = [s.inflight for s in self._slots.values() if s.inflight is not None]
+            if not futures:
+                return True
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                return False
+            try:
+                futures[0].result(timeout=remaining)
+            except FutureTimeout:
+                return False

@@ -1,0 +1,309 @@
+"""Metric families built fresh on every scrape from TargetSnapshots (a Collector is just ``collect()``).
+
+The metric names, types and labels in :data:`METRICS` are a public contract: the dashboards, the alert
+rules and users' own queries depend on them. :func:`target_samples` turns one target's values into
+samples through the same analysis every other view uses (``find_orphans``, ``bifrost_summary``); the
+collectors only group the samples into families. Nothing here does I/O.
+
+No session id, trace id, URL or secret ever becomes a label value: the only label values are target
+names from the config, fixed vocabularies (kind, confidence, bound, setting, result, source), the
+package version, and Bifrost provider record names (capped, see :func:`record_series`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from gatewayscope import __version__
+from gatewayscope.config import Policy
+from gatewayscope.exporter.cache import RESULTS, SOURCES, TargetResult
+
+log = logging.getLogger(__name__)
+
+#: the label value that sums every Bifrost record beyond the cap
+OTHER_RECORDS = "_other"
+CONFIDENCES = ("confirmed", "suspected")
+BOUNDS = ("low", "high")
+RECORD_KINDS = ("standard", "custom")
+POSTURE_SETTINGS = ("drop_excess_requests", "enforce_auth_on_inference", "disable_content_logging")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric of the contract: its exposition name (counters end in ``_total``), type, labels, HELP."""
+
+    name: str
+    type: str  # "gauge" | "counter"
+    labels: tuple[str, ...]
+    help: str
+    #: True for the values read from a target (their HELP says how old they may be)
+    per_target: bool = True
+
+
+_SPECS: tuple[MetricSpec, ...] = (
+    MetricSpec("gatewayscope_up", "gauge", ("target", "kind"),
+               "1 when the exporter's last read of the target succeeded, 0 when the target was down, answered "
+               "something unusable, or missed this scrape's deadline (kind: rllm|bifrost)."),
+    MetricSpec("gatewayscope_scrape_duration_seconds", "gauge", ("target",),
+               "Seconds the read of the target behind these values took (for a missed deadline: how long this "
+               "scrape waited)."),
+    MetricSpec("gatewayscope_build_info", "gauge", ("version",),
+               "Always 1; the version label is the gatewayscope version of this exporter.", per_target=False),
+    MetricSpec("gatewayscope_trace_store_sessions", "gauge", ("target",),
+               "Sessions the rLLM trace store lists."),
+    MetricSpec("gatewayscope_trace_store_traces", "gauge", ("target",),
+               "Traces the rLLM trace store holds across all its sessions."),
+    MetricSpec("gatewayscope_trace_store_orphan_sessions", "gauge", ("target", "confidence"),
+               "Orphan sessions in the rLLM trace store: confirmed (carries a tombstone or was seen deleted "
+               "before) or suspected (one trace, idle past the policy's orphan_idle_seconds, behind the current "
+               "weight version where known)."),
+    MetricSpec("gatewayscope_trace_store_oldest_orphan_age_seconds", "gauge", ("target",),
+               "Seconds since the newest trace of the oldest orphan session was written, as of the read; 0 when "
+               "there is no orphan."),
+    MetricSpec("gatewayscope_trace_store_tombstones", "gauge", ("target",),
+               "Deleted session ids the tombstone guard remembers (present only where the guard is installed)."),
+    MetricSpec("gatewayscope_trace_store_tombstone_capacity", "gauge", ("target",),
+               "Most tombstones the guard keeps before evicting the oldest; 0 means unlimited (SQLite triggers) "
+               "or disabled (guarded launcher with --max-tombstones 0)."),
+    MetricSpec("gatewayscope_trace_store_dropped_writes_total", "counter", ("target",),
+               "Trace writes the guard dropped because their session had been deleted (each would have "
+               "resurrected an orphan); resets when a guarded launcher restarts."),
+    MetricSpec("gatewayscope_bifrost_provider_records", "gauge", ("target", "kind"),
+               "Stored Bifrost provider records, by kind (standard|custom; Anthropic lanes count as custom)."),
+    MetricSpec("gatewayscope_bifrost_parked_workers", "gauge", ("target", "kind"),
+               "Worker goroutines the stored records park from boot on (the sum of their concurrency; a record "
+               "in provider_status error has no pool and parks none), by kind."),
+    MetricSpec("gatewayscope_bifrost_queue_slots", "gauge", ("target", "kind"),
+               "Queue slots the stored records hold (the sum of their buffer_size, none for a record in "
+               "provider_status error), by kind."),
+    MetricSpec("gatewayscope_bifrost_record_parked_workers", "gauge", ("target", "record", "kind"),
+               "Worker goroutines one provider record parks; only the records with the most parked workers "
+               "get a series (max_record_series), the rest are summed per kind under record=\"_other\"."),
+    MetricSpec("gatewayscope_bifrost_worker_stack_bytes", "gauge", ("target", "bound"),
+               "Bytes of goroutine stacks the parked workers need at boot: bound=low at 2 KiB per worker, "
+               "bound=high at 8 KiB per worker."),
+    MetricSpec("gatewayscope_bifrost_memory_limit_bytes", "gauge", ("target",),
+               "The gateway's memory limit as configured for this target (memory_limit_bytes)."),
+    MetricSpec("gatewayscope_bifrost_records_over_pool", "gauge", ("target", "kind"),
+               "Provider records whose concurrency is above the pool policy for their kind."),
+    MetricSpec("gatewayscope_bifrost_unreachable_records", "gauge", ("target",),
+               "Provider records whose base URL host does not resolve from the exporter, or whose "
+               "provider_status is error."),
+    MetricSpec("gatewayscope_bifrost_posture_drift", "gauge", ("target", "setting"),
+               "1 when the client setting is away from the safe posture (drop_excess_requests off, "
+               "enforce_auth_on_inference on, disable_content_logging on), else 0."),
+    MetricSpec("gatewayscope_exporter_snapshot_age_seconds", "gauge", ("target",),
+               "Seconds since the read behind this scrape's values of the target started (absent when the "
+               "scrape missed its deadline)."),
+    MetricSpec("gatewayscope_exporter_target_reads_total", "counter", ("target", "result"),
+               "Reads of the target the exporter completed, by result (ok|error).", per_target=False),
+    MetricSpec("gatewayscope_exporter_target_scrapes_total", "counter", ("target", "source"),
+               "Scrapes that asked for the target, by where its values came from: read (a new read), joined "
+               "(a read already running), cached (the last read, within min_interval_seconds), deadline "
+               "(none in time: up 0).", per_target=False),
+    MetricSpec("gatewayscope_exporter_read_in_progress", "gauge", ("target",),
+               "1 while a read of the target is running (a hung gateway keeps it at 1), else 0.",
+               per_target=False),
+)
+
+#: every metric the exporter can serve, by exposition name
+METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
+#: the names of the public contract in DESIGN.md (the others are the exporter's own, documented in README)
+CONTRACT_METRICS = tuple(name for name in METRICS if not name.startswith("gatewayscope_exporter_"))
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One value of one metric, with its labels in the spec's order."""
+
+    name: str
+    labels: tuple[str, ...]
+    value: float
+
+
+def _family(spec: MetricSpec, help_text: str) -> GaugeMetricFamily | CounterMetricFamily:
+    if spec.type == "counter":
+        base = spec.name[: -len("_total")] if spec.name.endswith("_total") else spec.name
+        return CounterMetricFamily(base, help_text, labels=spec.labels)
+    return GaugeMetricFamily(spec.name, help_text, labels=spec.labels)
+
+
+def age_note(min_interval_seconds: float) -> str:
+    """The sentence every per-target HELP ends with: how old a value may be."""
+    return (f" Values come from the target's last read and may be up to min_interval_seconds "
+            f"({min_interval_seconds:g} s) plus that read's duration old; "
+            "gatewayscope_exporter_snapshot_age_seconds gives their age.")
+
+
+def families(samples: Iterable[Sample], *, min_interval_seconds: float) -> list[Metric]:
+    """Group samples into metric families, in :data:`METRICS` order; families without samples are left out."""
+    by_name: dict[str, list[Sample]] = {}
+    for sample in samples:
+        if sample.name not in METRICS:
+            raise KeyError(f"{sample.name} is not one of the exporter's metrics")
+        by_name.setdefault(sample.name, []).append(sample)
+    out: list[Metric] = []
+    for name, spec in METRICS.items():
+        if name not in by_name:
+            continue
+        help_text = spec.help + (age_note(min_interval_seconds) if spec.per_target else "")
+        family = _family(spec, help_text)
+        for sample in by_name[name]:
+            family.add_metric(list(sample.labels), sample.value)
+        out.append(family)
+    return out
+
+
+# -- one target ---------------------------------------------------------------------------------
+
+def record_series(classified: pl.DataFrame, max_series: int) -> list[tuple[str, str, int]]:
+    """(record, kind, parked workers): the ``max_series`` records with the most, then ``_other`` per kind.
+
+    Ties are broken by record name so the same records keep their series from scrape to scrape.
+
+    >>> frame = pl.DataFrame({"name": ["a", "b", "c", "d"], "kind": ["custom", "custom", "standard", "custom"],
+    ...                       "parked_workers": [10, 1000, 512, 1000]})
+    >>> record_series(frame, 2)
+    [('b', 'custom', 1000), ('d', 'custom', 1000), ('_other', 'standard', 512), ('_other', 'custom', 10)]
+    """
+    ordered = classified.select("name", "kind", "parked_workers").sort(
+        ["parked_workers", "name"], descending=[True, False], nulls_last=True
+    )
+    top = ordered.head(max_series)
+    rest = ordered.slice(max_series)
+    series = [(str(name), str(kind), int(workers or 0)) for name, kind, workers in top.iter_rows()]
+    for kind in RECORD_KINDS:
+        part = rest.filter(pl.col("kind") == kind)
+        if part.height:
+            series.append((OTHER_RECORDS, kind, int(part["parked_workers"].sum() or 0)))
+    return series
+
+
+def target_samples(result: TargetResult, policy: Policy, *, max_record_series: int) -> list[Sample]:
+    """Every sample of one target: up, duration, age, and its findings when the read succeeded.
+
+    Analysis failures (a bug, an unforeseen shape) are caught here: the target is reported with
+    ``gatewayscope_up 0`` and no findings, and the other targets are unaffected.
+    """
+    target, snap = result.target, result.snapshot
+    name = target.name
+    head = [Sample("gatewayscope_scrape_duration_seconds", (name,), float(snap.duration_seconds))]
+    if result.age_seconds is not None:
+        head.append(Sample("gatewayscope_exporter_snapshot_age_seconds", (name,), max(0.0, result.age_seconds)))
+    findings: list[Sample] = []
+    up = bool(snap.up)
+    if up:
+        try:
+            if target.kind == "rllm" and snap.trace_store is not None:
+                findings = _trace_store_samples(result, policy)
+            elif target.kind == "bifrost" and snap.bifrost is not None:
+                findings = _bifrost_samples(result, policy, max_record_series)
+            else:
+                up = False
+        except Exception:
+            log.exception("analysing the read of %s failed; reporting it down", name)
+            up, findings = False, []
+    return [Sample("gatewayscope_up", (name, target.kind), 1.0 if up else 0.0), *head, *findings]
+
+
+def _trace_store_samples(result: TargetResult, policy: Policy) -> list[Sample]:
+    from gatewayscope.analysis.orphans import find_orphans, trace_store_summary
+
+    name, data = result.target.name, result.snapshot.trace_store
+    assert data is not None
+    now = result.snapshot.started_at
+    orphans = find_orphans(data, policy, now)
+    summary = trace_store_summary(data, orphans, now)
+    samples = [
+        Sample("gatewayscope_trace_store_sessions", (name,), float(summary["sessions"])),
+        Sample("gatewayscope_trace_store_traces", (name,), float(summary["traces"])),
+        *(Sample("gatewayscope_trace_store_orphan_sessions", (name, confidence),
+                 float(summary["orphans"][confidence])) for confidence in CONFIDENCES),
+        Sample("gatewayscope_trace_store_oldest_orphan_age_seconds", (name,),
+               max(0.0, float(summary["oldest_orphan_age_seconds"] or 0.0))),
+    ]
+    if data.guard is not None:
+        samples += [
+            Sample("gatewayscope_trace_store_tombstones", (name,), float(data.guard.tombstones)),
+            Sample("gatewayscope_trace_store_tombstone_capacity", (name,), float(data.guard.capacity)),
+            Sample("gatewayscope_trace_store_dropped_writes_total", (name,), float(data.guard.dropped_writes)),
+        ]
+    return samples
+
+
+def _bifrost_samples(result: TargetResult, policy: Policy, max_record_series: int) -> list[Sample]:
+    from gatewayscope.analysis.pools import bifrost_summary, classify_records
+
+    target, data = result.target, result.snapshot.bifrost
+    assert data is not None
+    name = target.name
+    summary = bifrost_summary(data, policy, target.memory_limit_bytes)
+    drift = set(summary["posture_drift"])
+    samples: list[Sample] = []
+    for kind in RECORD_KINDS:
+        samples += [
+            Sample("gatewayscope_bifrost_provider_records", (name, kind), float(summary["records"][kind])),
+            Sample("gatewayscope_bifrost_parked_workers", (name, kind), float(summary["parked_workers"][kind])),
+            Sample("gatewayscope_bifrost_queue_slots", (name, kind), float(summary["queue_slots"][kind])),
+            Sample("gatewayscope_bifrost_records_over_pool", (name, kind),
+                   float(summary["records_over_pool"][kind])),
+        ]
+    classified = classify_records(data.records, policy)
+    samples += [Sample("gatewayscope_bifrost_record_parked_workers", (name, record, kind), float(workers))
+                for record, kind, workers in record_series(classified, max_record_series)]
+    samples += [Sample("gatewayscope_bifrost_worker_stack_bytes", (name, bound),
+                       float(summary["worker_stack_bytes"][bound])) for bound in BOUNDS]
+    samples += [
+        Sample("gatewayscope_bifrost_memory_limit_bytes", (name,), float(summary["memory_limit_bytes"])),
+        Sample("gatewayscope_bifrost_unreachable_records", (name,), float(summary["unreachable_records"])),
+    ]
+    samples += [Sample("gatewayscope_bifrost_posture_drift", (name, setting), 1.0 if setting in drift else 0.0)
+                for setting in POSTURE_SETTINGS]
+    return samples
+
+
+# -- collectors ---------------------------------------------------------------------------------
+
+class TargetsCollector:
+    """The metrics of the given targets' values for one scrape (``/metrics`` and ``/probe``)."""
+
+    def __init__(self, results: Sequence[TargetResult], policy: Policy, *, max_record_series: int,
+                 min_interval_seconds: float) -> None:
+        self.results = list(results)
+        self.policy = policy
+        self.max_record_series = max_record_series
+        self.min_interval_seconds = min_interval_seconds
+
+    def collect(self) -> Iterator[Metric]:
+        samples: list[Sample] = []
+        for result in self.results:
+            samples += target_samples(result, self.policy, max_record_series=self.max_record_series)
+        yield from families(samples, min_interval_seconds=self.min_interval_seconds)
+
+
+class ExporterCollector:
+    """The exporter's own metrics: build info and, per target, reads, scrapes and whether a read is running.
+
+    ``counters`` is :meth:`gatewayscope.exporter.cache.TargetCache.counters` (called on every collect).
+    """
+
+    def __init__(self, counters: Callable[[], dict[str, dict[str, Any]]], *, version: str = __version__) -> None:
+        self.counters = counters
+        self.version = version
+
+    def collect(self) -> Iterator[Metric]:
+        samples = [Sample("gatewayscope_build_info", (self.version,), 1.0)]
+        for name, entry in sorted(self.counters().items()):
+            samples += [Sample("gatewayscope_exporter_target_reads_total", (name, result),
+                               float(entry["reads"].get(result, 0))) for result in RESULTS]
+            samples += [Sample("gatewayscope_exporter_target_scrapes_total", (name, source),
+                               float(entry["scrapes"].get(source, 0))) for source in SOURCES]
+            samples.append(Sample("gatewayscope_exporter_read_in_progress", (name,), float(entry["in_flight"])))
+        yield from families(samples, min_interval_seconds=0.0)

@@ -1,0 +1,365 @@
+"""The exporter's HTTP side: a stdlib threading server around one function that renders a registry.
+
+Paths:
+
+* ``/metrics``: the exporter's own metrics and every configured target (label ``target``);
+* ``/probe?target=NAME``: one target (the multi-target pattern; an unknown or missing name is a 400
+  that lists the configured targets; credentials stay in the config, never in the URL);
+* ``/exporter-metrics``: the exporter's own metrics only (the second job of the multi-target pattern);
+* ``/``: a landing page listing the targets with their last read and links;
+* ``/-/healthy``: ``OK`` while the process serves.
+
+Each scrape builds a fresh private :class:`CollectorRegistry` with the collectors it needs and renders
+it with :func:`render` (text 0.0.4 or OpenMetrics, as the scraper's ``Accept`` asks; gzip when
+accepted). The deadline for the targets' reads is ``X-Prometheus-Scrape-Timeout-Seconds`` minus
+``scrape_timeout_margin_seconds`` (see :func:`read_budget`). With ``tls_cert_file``/``tls_key_file`` it
+serves HTTPS (the handshake runs in the connection's own thread); with ``basic_auth_username`` every
+path asks for Basic credentials.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+import hmac
+import html
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from gatewayscope import __version__
+from gatewayscope.config import Config, Target
+from gatewayscope.exporter.cache import Reader, TargetCache, TargetResult
+from gatewayscope.exporter.collectors import ExporterCollector, TargetsCollector
+from gatewayscope.exporter.settings import ExporterSettings, parse_listen
+
+log = logging.getLogger(__name__)
+
+SCRAPE_TIMEOUT_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
+#: the smallest read budget a scrape gets, however short its timeout
+MIN_READ_BUDGET_SECONDS = 0.05
+#: seconds a client has to finish the TLS handshake, and an idle keep-alive connection stays open
+CONNECTION_TIMEOUT_SECONDS = 30.0
+
+
+def render(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
+    """The one exposition function: ``registry`` in the format ``accept`` asks for -> (body, content type)."""
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(registry), content_type
+
+
+def read_budget(header: str | None, settings: ExporterSettings) -> float:
+    """Seconds the targets' reads may take in this scrape.
+
+    Prometheus's scrape timeout (the header; ``default_scrape_timeout_seconds`` when absent or not a
+    positive number) minus ``scrape_timeout_margin_seconds``, kept for rendering and the network; when
+    the margin would take half the timeout or more, half the timeout.
+
+    >>> s = ExporterSettings()
+    >>> read_budget("10", s), read_budget(None, s), read_budget("0.8", s), read_budget("junk", s)
+    (9.5, 9.5, 0.4, 9.5)
+    """
+    timeout = settings.default_scrape_timeout_seconds
+    if header:
+        try:
+            value = float(header)
+        except ValueError:
+            value = 0.0
+        if value > 0 and value == value and value != float("inf"):
+            timeout = value
+    margin = settings.scrape_timeout_margin_seconds
+    budget = timeout - margin if margin < timeout / 2 else timeout / 2
+    return max(MIN_READ_BUDGET_SECONDS, budget)
+
+
+class Exporter:
+    """The exporter without HTTP: targets, settings, the per-target cache, and the registries per scrape."""
+
+    def __init__(self, config: Config, settings: ExporterSettings, *, reader: Reader | None = None,
+                 transports: dict[str, Any] | None = None) -> None:
+        self.config = config
+        self.settings = settings
+        self.cache = TargetCache(config.targets, config.policy, min_interval_seconds=settings.min_interval_seconds,
+                                 reader=reader, transports=transports)
+
+    @property
+    def targets(self) -> list[Target]:
+        return list(self.config.targets)
+
+    def find_target(self, name: str) -> Target | None:
+        return next((t for t in self.config.targets if t.name == name), None)
+
+    def _targets_collector(self, results: Sequence[TargetResult]) -> TargetsCollector:
+        return TargetsCollector(results, self.config.policy, max_record_series=self.settings.max_record_series,
+                                min_interval_seconds=self.settings.min_interval_seconds)
+
+    def metrics_registry(self, budget: float) -> CollectorRegistry:
+        """``/metrics``: the exporter's own metrics and every target's, reads bounded by ``budget`` seconds."""
+        results = self.cache.fetch(self.config.targets, budget)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ExporterCollector(self.cache.counters))
+        registry.register(self._targets_collector(results))
+        return registry
+
+    def probe_registry(self, target: Target, budget: float) -> CollectorRegistry:
+        """``/probe?target=NAME``: one target's metrics."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self._targets_collector(self.cache.fetch([target], budget)))
+        return registry
+
+    def self_registry(self) -> CollectorRegistry:
+        """``/exporter-metrics``: only the exporter's own metrics (reads no target)."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ExporterCollector(self.cache.counters))
+        return registry
+
+    def landing_page(self) -> str:
+        """The HTML of ``/``: every target with its last read, and links to every path."""
+        state = self.cache.counters()
+        now = self.cache.clock()
+        rows = []
+        for target in self.config.targets:
+            entry = state.get(target.name, {})
+            last = entry.get("last")
+            if last is None:
+                status, detail = "not read yet", ""
+            else:
+                snap = last.snapshot
+                status = "up" if snap.up else "down"
+                detail = f"{now - last.finished_mono:.0f} s ago, took {snap.duration_seconds:.2f} s"
+                if snap.error:
+                    detail += f": {snap.error}"
+            if entry.get("in_flight"):
+                detail += " (a read is running)"
+            link = f"/probe?target={quote(target.name, safe='')}"
+            rows.append(
+                f"<tr><td><a href=\"{html.escape(link)}\">{html.escape(target.name)}</a></td>"
+                f"<td>{html.escape(target.kind)}</td><td>{html.escape(target.address)}</td>"
+                f"<td>{html.escape(status)}</td><td>{html.escape(detail)}</td></tr>"
+            )
+        table = "\n".join(rows) or "<tr><td colspan=\"5\">no targets configured</td></tr>"
+        settings = self.settings
+        return (
+            "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>gatewayscope exporter</title></head>\n"
+            f"<body><h1>gatewayscope exporter {html.escape(__version__)}</h1>\n"
+            "<p><a href=\"/metrics\">/metrics</a>: this exporter's own metrics and every target's.<br>\n"
+            "<a href=\"/exporter-metrics\">/exporter-metrics</a>: this exporter's own metrics only.<br>\n"
+            "/probe?target=NAME: one target (the multi-target pattern).</p>\n"
+            f"<p>Each target is read at most once every {settings.min_interval_seconds:g} s "
+            "(min_interval_seconds); scrapes in between get its last read.</p>\n"
+            "<table border=\"1\" cellpadding=\"4\">\n"
+            "<tr><th>target</th><th>kind</th><th>address</th><th>last read</th><th>detail</th></tr>\n"
+            f"{table}\n</table>\n</body></html>\n"
+        )
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ExporterServer
+    protocol_version = "HTTP/1.1"
+    timeout = CONNECTION_TIMEOUT_SECONDS
+    server_version = f"gatewayscope-exporter/{__version__}"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        encoding = self.headers.get("Accept-Encoding", "") or ""
+        if len(body) > 1024 and "gzip" in encoding.lower():
+            body = gzip.compress(body)
+            headers = {**(headers or {}), "Content-Encoding": "gzip"}
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _text(self, status: int, text: str, headers: dict[str, str] | None = None) -> None:
+        self._send(status, text.encode(), "text/plain; charset=utf-8", headers)
+
+    def _authorized(self) -> bool:
+        expected = self.server.basic_auth
+        if expected is None:
+            return True
+        header = self.headers.get("Authorization", "") or ""
+        scheme, _, encoded = header.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            decoded = base64.b64decode(encoded.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        user, sep, password = decoded.partition(b":")
+        want_user, want_password = expected
+        user_ok = hmac.compare_digest(user, want_user.encode())
+        password_ok = hmac.compare_digest(password, want_password.encode())
+        return bool(sep) and user_ok and password_ok
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        if not self._authorized():
+            self._text(401, "gatewayscope exporter: authentication required\n",
+                       {"WWW-Authenticate": 'Basic realm="gatewayscope exporter", charset="UTF-8"'})
+            return
+        parts = urlsplit(self.path)
+        exporter = self.server.exporter
+        try:
+            if parts.path == "/metrics":
+                budget = read_budget(self.headers.get(SCRAPE_TIMEOUT_HEADER), exporter.settings)
+                self._registry(exporter.metrics_registry(budget))
+            elif parts.path == "/probe":
+                self._probe(parse_qs(parts.query))
+            elif parts.path == "/exporter-metrics":
+                self._registry(exporter.self_registry())
+            elif parts.path == "/":
+                self._send(200, exporter.landing_page().encode(), "text/html; charset=utf-8")
+            elif parts.path == "/-/healthy":
+                self._text(200, "OK\n")
+            else:
+                self._text(404, f"gatewayscope exporter: no page {parts.path}; see / for the paths.\n")
+        except (BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as err:  # a bug: say so, keep serving
+            log.exception("serving %s failed", parts.path)
+            self._text(500, f"gatewayscope exporter: internal error ({type(err).__name__}); see its log.\n")
+
+    def _registry(self, registry: CollectorRegistry) -> None:
+        body, content_type = render(registry, self.headers.get("Accept"))
+        self._send(200, body, content_type)
+
+    def _probe(self, query: dict[str, list[str]]) -> None:
+        exporter = self.server.exporter
+        known = ", ".join(t.name for t in exporter.targets) or "none"
+        names = query.get("target", [])
+        if len(names) != 1 or not names[0]:
+            self._text(400, f"gatewayscope exporter: /probe needs exactly one ?target=NAME; "
+                            f"configured targets: {known}.\n")
+            return
+        target = exporter.find_target(names[0])
+        if target is None:
+            self._text(400, f"gatewayscope exporter: unknown target {names[0]!r}; configured targets: {known}. "
+                            "Targets (and their credentials) come from the exporter's config file.\n")
+            return
+        budget = read_budget(self.headers.get(SCRAPE_TIMEOUT_HEADER), exporter.settings)
+        self._registry(exporter.probe_registry(target, budget))
+
+
+class ExporterServer(ThreadingHTTPServer):
+    """A threading HTTP(S) server for one :class:`Exporter`. ``start()`` serves in a background thread."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, exporter: Exporter, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+                 basic_auth: tuple[str, str] | None = None) -> None:
+        self.exporter = exporter
+        self.ssl_context = ssl_context
+        self.basic_auth = basic_auth
+        if ":" in host:
+            self.address_family = socket.AF_INET6
+        super().__init__((host, port), _Handler)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """The base URL to reach it (``127.0.0.1`` when it listens on every interface)."""
+        host = str(self.server_address[0])
+        if host in ("", "0.0.0.0"):
+            host = "127.0.0.1"
+        elif host in ("::",):
+            host = "::1"
+        if ":" in host:
+            host = f"[{host}]"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """Serve one connection, after the TLS handshake (in this connection's thread) when TLS is on."""
+        if self.ssl_context is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(CONNECTION_TIMEOUT_SECONDS)
+        try:
+            tls = self.ssl_context.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as err:
+            log.debug("TLS handshake with %s failed: %s", client_address, err)
+            return
+        try:
+            self.RequestHandlerClass(tls, client_address, self)  # type: ignore[arg-type]
+        finally:
+            tls.close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-answer is routine: log it quietly instead of printing a traceback."""
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+    def start(self) -> ExporterServer:
+        """Serve in a daemon thread; returns self."""
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="gatewayscope-exporter", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; safe to call twice."""
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join(timeout=10)
+            self._thread = None
+        self.server_close()
+
+    def __enter__(self) -> ExporterServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def make_server(config: Config, settings: ExporterSettings, *, listen: str | None = None,
+                reader: Reader | None = None, transports: dict[str, Any] | None = None) -> ExporterServer:
+    """An exporter server for ``config``: resolves the password and loads TLS now (ConfigError if they fail).
+
+    ``listen`` (``HOST:PORT``) overrides ``settings.listen``; port 0 picks a free port (see ``.port``).
+    """
+    from gatewayscope.errors import ConfigError
+
+    address = listen or settings.listen
+    try:
+        host, port = parse_listen(address)
+    except ValueError as err:
+        raise ConfigError(f"listen: {err}") from None
+    basic_auth = (settings.basic_auth_username, settings.resolve_password()) \
+        if settings.basic_auth_username is not None else None
+    context = settings.ssl_context()
+    exporter = Exporter(config, settings, reader=reader, transports=transports)
+    try:
+        return ExporterServer(exporter, host, port, ssl_context=context, basic_auth=basic_auth)
+    except OSError as err:
+        raise ConfigError(f"listen: cannot listen on {address}: {err.strerror or err}") from None
+
+
+def wait_forever(server: ExporterServer, stop: threading.Event) -> None:
+    """Serve until ``stop`` is set (the CLI sets it from SIGINT/SIGTERM), then stop the server."""
+    server.start()
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop()
