@@ -22,6 +22,7 @@ from gatewayscope.errors import ConfigError, GatewayscopeError
 COMMAND_MODULES = [
     "gatewayscope.cli.scan",
     "gatewayscope.cli.export",
+    "gatewayscope.cli.demo",
     "gatewayscope.cli.gateway",
     "gatewayscope.cli.guard",
     "gatewayscope.cli.emulate",

@@ -193,12 +193,17 @@ def start_stub_worker(*, host: str = "127.0.0.1", port: int | None = None, model
 
 
 def start_rllm_gateway(worker_url: str, *, store: str = "memory", db_path: str | Path | None = None,
-                       host: str = "127.0.0.1", port: int | None = None,
-                       timeout: float = 30.0) -> RllmGatewayProcess:
+                       host: str = "127.0.0.1", port: int | None = None, timeout: float = 30.0,
+                       open_store: bool = True) -> RllmGatewayProcess:
     """Start the unmodified ``rllm-model-gateway`` in front of ``worker_url``; wait until ``/health`` answers.
 
     ``store`` is ``"memory"`` or ``"sqlite"``; SQLite needs an explicit ``db_path`` (the gateway's default
     would write to ``~/.rllm``).
+
+    With ``open_store`` (the default) one ``GET /sessions?limit=1`` opens the store before anything else
+    does: 0.1.0's SQLite store opens its connection lazily and unguarded, so concurrent first writes on a
+    cold gateway open several connections that then lock each other out ("database is locked" after the
+    20 s busy timeout), losing traces and deletes. Pass ``open_store=False`` to keep the gateway cold.
     """
     if store not in ("memory", "sqlite"):
         raise ValueError(f"store must be 'memory' or 'sqlite', not {store!r}")
@@ -209,4 +214,11 @@ def start_rllm_gateway(worker_url: str, *, store: str = "memory", db_path: str |
         f"rllm-gateway-{store}",
         lambda p: rllm_gateway_argv(p, worker_url, store=store, db_path=db, host=host),
         host=host, port=port, health_path="/health", timeout=timeout)
+    if open_store:
+        try:
+            httpx.get(f"{url}/sessions", params={"limit": 1}, timeout=timeout).raise_for_status()
+        except httpx.HTTPError as err:
+            proc.stop()
+            raise RuntimeError(f"the rLLM gateway at {url} could not open its {store} store ({err}):\n"
+                               f"{proc.output()[-4000:]}") from err
     return RllmGatewayProcess(url=url, process=proc, store=store, worker_url=worker_url, db_path=db)

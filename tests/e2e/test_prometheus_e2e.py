@@ -1,0 +1,351 @@
+"""A real Prometheus scrapes the real exporter, which reads real gateways; every dashboard query and alert holds.
+
+The sandbox, made bad on purpose so every "fire when bad" alert has something to say:
+
+* ``rllm-plain``: the unmodified rLLM gateway, driven through rollouts with real stragglers (orphans),
+  and a second batch while Prometheus watches (orphans *growing*);
+* ``rllm-sqlite``: the unmodified rLLM gateway with its SQLite store, read from the file: stragglers
+  before the guard is installed (orphans), the guard installed with a capacity of 20 and more than 20
+  deletes (tombstone capacity full), the earlier orphans backfilled with tombstones (confirmed orphans),
+  and stragglers during the watch (dropped writes *increasing*);
+* ``bifrost`` and ``bifrost-over``: the Bifrost emulator seeded realistic (records over pool, drifted
+  posture, dead base URLs); the same gateway under two memory limits taken from the seed's own
+  accounting, one between its low and high boot-memory bounds (at risk), one below the low bound (over);
+* ``rllm-down``: a port where nothing listens (target down).
+
+Prometheus (Debian's package) scrapes the exporter's ``/metrics`` (scrape-static.yml's job) and, through the
+relabeling of scrape-multi-target.yml taken verbatim, ``/probe`` and ``/exporter-metrics``, with the alert
+rules loaded. Then every panel query of both dashboards (``$target`` and ``$__rate_interval`` substituted)
+and every alert expression, exactly as written in alerts.yml, is run through Prometheus's HTTP API and must
+return data; every rule must evaluate without error and every alert must become pending or firing.
+
+Substitutions: ``$__rate_interval`` -> ``10s`` (five scrapes at the 2 s interval; Grafana would pick at
+least four scrape intervals); ``$target`` -> ``.+`` (the overview's "All" value) on the overview, and each
+sandbox target in turn on the per-target dashboard, where a panel passes when one target gives data (a
+trace-store panel has nothing to show for a Bifrost target and the other way round). No alert expression
+is modified.
+
+Every wait is bounded; Prometheus, the exporter, the emulator and the gateways are stopped at teardown.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gatewayscope.config import DEFAULT_MEMORY_LIMIT_BYTES
+from gatewayscope.sandbox.processes import ManagedProcess, free_port
+from gatewayscope.sandbox.rollouts import RolloutRun, run_rollouts
+
+pytestmark = pytest.mark.e2e
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARDS = ROOT / "dashboards"
+SCRAPE_INTERVAL = "2s"
+RATE_INTERVAL = "10s"
+TARGETS = ("rllm-plain", "rllm-sqlite", "bifrost", "bifrost-over", "rllm-down")
+TOMBSTONE_CAPACITY = 20
+WAIT = 90.0  # the bound on every wait for Prometheus to see something
+
+
+def wait_for(what: str, probe: Callable[[], Any], done: Callable[[Any], bool], timeout: float = WAIT) -> Any:
+    """Poll ``probe`` until ``done(value)``; fail with the last value after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if done(value):
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{what}: still {value!r} after {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def start_on_free_port(name: str, make_argv: Callable[[int], list[str]],
+                       health_path: str) -> tuple[ManagedProcess, str]:
+    """Start a server on a free port (retrying a lost port race) and wait for its health URL."""
+    last: Exception | None = None
+    for _ in range(3):
+        port = free_port()
+        proc = ManagedProcess(name, make_argv(port))
+        url = f"http://127.0.0.1:{port}"
+        try:
+            proc.wait_http(url + health_path, timeout=60)
+        except RuntimeError as err:
+            proc.stop()
+            last = err
+            continue
+        return proc, url
+    raise AssertionError(f"{name} did not start: {last}")
+
+
+class Prom:
+    """Prometheus's HTTP API."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        response = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=30)
+        body = response.json()
+        assert body.get("status") == "success", f"{expr}: {body}"
+        return list(body["data"]["result"])
+
+    def value(self, expr: str) -> float | None:
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if result else None
+
+    def get(self, path: str) -> Any:
+        response = httpx.get(f"{self.url}{path}", timeout=30)
+        response.raise_for_status()
+        return response.json()["data"]
+
+
+# -- the sandbox ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def emulator() -> Iterator[Any]:
+    from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator
+
+    with BifrostEmulator() as emu:
+        yield emu
+
+
+def rollouts(url: str, n: int, stragglers: int, *, guarded: bool, seed: int) -> RolloutRun:
+    run = run_rollouts(url, n_rollouts=n, n_stragglers=stragglers, n_live=0, straggler_delay=1.0, seed=seed,
+                       settle_timeout=0.3 if guarded else 20.0)
+    if not guarded:
+        assert run.ok, run.to_dict()
+    assert len(run.deleted_uids) == n, run.to_dict()
+    return run
+
+
+def exporter_config(path: Path, places: dict[str, tuple[str, str]], limits: dict[str, int]) -> None:
+    """``places``: target name -> ("url" | "path", where)."""
+    lines = []
+    for name in TARGETS:
+        kind = "bifrost" if name.startswith("bifrost") else "rllm"
+        key, where = places[name]
+        lines += ["[[targets]]", f'name = "{name}"', f'kind = "{kind}"', f'{key} = "{where}"', "timeout_seconds = 10"]
+        if name in limits:
+            lines.append(f"memory_limit_bytes = {limits[name]}")
+        lines.append("")
+    lines += [
+        "[policy]",
+        "orphan_idle_seconds = 1      # the sandbox's stragglers are seconds old, not hours",
+        "",
+        "[exporter]",
+        "min_interval_seconds = 1",
+        "max_record_series = 20",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+
+
+def prometheus_config(path: Path, exporter_address: str) -> None:
+    """scrape-static.yml's job and scrape-multi-target.yml's jobs (relabeling verbatim), pointed here."""
+    static = yaml.safe_load((DASHBOARDS / "prometheus" / "scrape-static.yml").read_text())
+    multi = yaml.safe_load((DASHBOARDS / "prometheus" / "scrape-multi-target.yml").read_text())
+    jobs = []
+    for job in static["scrape_configs"] + multi["scrape_configs"]:
+        job = copy.deepcopy(job)
+        job["scrape_interval"] = SCRAPE_INTERVAL
+        job["scrape_timeout"] = SCRAPE_INTERVAL
+        if job["metrics_path"] == "/probe":
+            job["static_configs"] = [{"targets": list(TARGETS)}]
+            for rule in job["relabel_configs"]:
+                if rule.get("target_label") == "__address__":
+                    rule["replacement"] = exporter_address
+        else:
+            job["static_configs"] = [{"targets": [exporter_address]}]
+        jobs.append(job)
+    config = {
+        "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": "1s"},
+        "rule_files": [str(DASHBOARDS / "prometheus" / "alerts.yml")],
+        "scrape_configs": jobs,
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def dashboard_queries() -> list[tuple[str, str, str]]:
+    """(dashboard file, panel title, expr) for every query of every panel."""
+    out = []
+    for name in ("overview.json", "target.json"):
+        dashboard = json.loads((DASHBOARDS / "grafana" / name).read_text())
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                out.append((name, panel["title"], target["expr"]))
+    return out
+
+
+def substitute(expr: str, target: str) -> str:
+    return expr.replace("$__rate_interval", RATE_INTERVAL).replace("$target", target)
+
+
+def test_every_panel_and_alert_against_a_real_prometheus(
+        rllm_gateway: Any, emulator: Any, tmp_path: Path) -> None:
+    prometheus_bin = shutil.which("prometheus")
+    if prometheus_bin is None:
+        import os
+
+        if os.environ.get("CI"):
+            pytest.fail("prometheus is not on PATH; CI installs Debian's 'prometheus' package (.ci/run)")
+        pytest.skip("prometheus is not installed (Debian: apt-get install prometheus); CI runs this test")
+    # the gateways, made bad
+    from gatewayscope.guard import sqlite as sqlite_guard
+    from gatewayscope.sandbox.bifrost_emulator import seed_realistic
+
+    plain = rllm_gateway("memory")
+    stored = rllm_gateway("sqlite")
+    assert stored.db_path
+    seed = seed_realistic(emulator)
+    low, high = seed.boot_memory_low_bytes, seed.boot_memory_high_bytes
+    assert 0 < low < high
+    at_risk_limit = DEFAULT_MEMORY_LIMIT_BYTES if low < DEFAULT_MEMORY_LIMIT_BYTES < high else 2 * low
+    first_plain = rollouts(plain.url, 10, 4, guarded=False, seed=1)
+    unguarded = rollouts(stored.url, 6, 2, guarded=False, seed=2)  # orphans from before the guard
+    sqlite_guard.install(stored.db_path, capacity=TOMBSTONE_CAPACITY)
+    rollouts(stored.url, TOMBSTONE_CAPACITY, 3, guarded=True, seed=5)  # fills the tombstone table
+    sqlite_guard.add_tombstones(stored.db_path, unguarded.expected_orphans)  # backfill: now confirmed
+    assert sqlite_guard.tombstone_count(stored.db_path) == TOMBSTONE_CAPACITY
+
+    # the exporter, as a real `gatewayscope export` process
+    config_path = tmp_path / "gatewayscope.toml"
+    places = {"rllm-plain": ("url", plain.url), "rllm-sqlite": ("path", stored.db_path),
+              "bifrost": ("url", emulator.url), "bifrost-over": ("url", emulator.url),
+              "rllm-down": ("url", f"http://127.0.0.1:{free_port()}")}
+    exporter_config(config_path, places, {"bifrost": at_risk_limit, "bifrost-over": low // 2})
+    exporter, exporter_url = start_on_free_port(
+        "exporter",
+        lambda port: [sys.executable, "-c", "from gatewayscope.cli import run; run()", "export",
+                      "--config", str(config_path), "--listen", f"127.0.0.1:{port}"],
+        "/-/healthy")
+    prometheus: ManagedProcess | None = None
+    try:
+        # warm the exporter's reads (first DNS checks) before Prometheus's short deadlines apply
+        warm = httpx.get(exporter_url + "/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": "60"},
+                         timeout=90)
+        assert 'gatewayscope_up{kind="rllm",target="rllm-down"} 0.0' in warm.text
+        for name in TARGETS[:-1]:
+            assert f'target="{name}"}} 1.0' in warm.text.split("# HELP gatewayscope_up ")[1].split("# HELP")[0], name
+
+        prometheus_config(tmp_path / "prometheus.yml", exporter_url.removeprefix("http://"))
+        data_dir = tmp_path / "tsdb"
+        prometheus, prometheus_url = start_on_free_port(
+            "prometheus",
+            lambda port: [prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
+                          f"--storage.tsdb.path={data_dir}", f"--web.listen-address=127.0.0.1:{port}",
+                          "--log.level=warn"],
+            "/-/ready")
+        prom = Prom(prometheus_url)
+
+        # every job up, every target seen through /metrics and through /probe (instance = target name)
+        wait_for("the three jobs up", lambda: sorted({r["metric"]["job"] for r in prom.query("up == 1")}),
+                 lambda jobs: jobs == ["gatewayscope", "gatewayscope-exporter", "gatewayscope-targets"])
+        probed = wait_for("every target probed",
+                          lambda: {r["metric"]["instance"]: r["metric"]["target"]
+                                   for r in prom.query('gatewayscope_up{job="gatewayscope-targets"}')},
+                          lambda seen: len(seen) == len(TARGETS))
+        assert probed == {name: name for name in TARGETS}
+        expected_orphans = len(first_plain.expected_orphans)
+        wait_for("the first orphans", lambda: prom.value(
+            'sum(gatewayscope_trace_store_orphan_sessions{job="gatewayscope", target="rllm-plain"})'),
+            lambda v: v == expected_orphans)
+        wait_for("a few scrapes of history", lambda: prom.value(
+            'count_over_time(gatewayscope_up{job="gatewayscope", target="rllm-plain"}[1m])'),
+            lambda v: v is not None and v >= 4)
+
+        # a second batch while Prometheus watches: orphans grow, the guard drops more writes
+        second_plain = rollouts(plain.url, 4, 2, guarded=False, seed=3)
+        rollouts(stored.url, 4, 2, guarded=True, seed=4)
+        grown = expected_orphans + len(second_plain.expected_orphans)
+        wait_for("the orphans to grow", lambda: prom.value(
+            'sum(gatewayscope_trace_store_orphan_sessions{job="gatewayscope", target="rllm-plain"})'),
+            lambda v: v == grown)
+        wait_for("dropped writes to increase", lambda: prom.value(
+            'increase(gatewayscope_trace_store_dropped_writes_total{job="gatewayscope", target="rllm-sqlite"}[1h])'),
+            lambda v: v is not None and v > 0)
+
+        # every dashboard query returns data
+        def missing_panels() -> list[str]:
+            missing = []
+            for name, title, expr in dashboard_queries():
+                candidates = [".+"] if name == "overview.json" else list(TARGETS)
+                if not any(prom.query(substitute(expr, candidate)) for candidate in candidates):
+                    missing.append(f"{name}: {title}: {expr}")
+            return missing
+
+        wait_for("every dashboard query to return data", missing_panels, lambda missing: missing == [])
+
+        # every alert expression, as written, returns data
+        rules = [rule for group in yaml.safe_load((DASHBOARDS / "prometheus" / "alerts.yml").read_text())["groups"]
+                 for rule in group["rules"]]
+
+        def quiet_alert_exprs() -> list[str]:
+            return [rule["alert"] for rule in rules if not prom.query(rule["expr"])]
+
+        wait_for("every alert expression to return data", quiet_alert_exprs, lambda quiet: quiet == [])
+        by_name = {rule["alert"]: prom.query(rule["expr"]) for rule in rules}
+        assert {r["metric"]["target"] for r in by_name["GatewayscopeTargetDown"]} == {"rllm-down"}
+        assert {r["metric"]["target"] for r in by_name["GatewayscopeBifrostBootMemoryOverLimit"]} == {"bifrost-over"}
+        assert {r["metric"]["target"] for r in by_name["GatewayscopeBifrostBootMemoryAtRisk"]} == {"bifrost"}
+        assert {r["metric"]["target"] for r in by_name["GatewayscopeTombstoneCapacityNearlyFull"]} == {"rllm-sqlite"}
+        assert prom.value('gatewayscope_trace_store_orphan_sessions{job="gatewayscope", target="rllm-sqlite", '
+                          'confidence="confirmed"}') == len(unguarded.expected_orphans)
+        assert {r["metric"]["target"] for r in by_name["GatewayscopeOrphanSessionsGrowing"]} == {"rllm-plain"}
+        drifted = {r["metric"]["setting"] for r in by_name["GatewayscopeBifrostPostureDrift"]}
+        assert drifted == {"drop_excess_requests", "enforce_auth_on_inference", "disable_content_logging"}
+
+        # Prometheus evaluates every rule without error, and every alert becomes pending or firing
+        def rule_health() -> dict[str, str]:
+            return {rule["name"]: rule["health"] for group in prom.get("/api/v1/rules")["groups"]
+                    for rule in group["rules"]}
+
+        wait_for("every rule evaluated", rule_health,
+                 lambda health: set(health) == {r["alert"] for r in rules} and set(health.values()) == {"ok"})
+        seen: set[str] = set()
+
+        def active_alerts() -> set[str]:
+            seen.update(alert["labels"]["alertname"] for alert in prom.get("/api/v1/alerts")["alerts"]
+                        if alert["state"] in ("pending", "firing"))
+            return set(seen)
+
+        wait_for("every alert pending or firing", active_alerts,
+                 lambda names: names == {rule["alert"] for rule in rules})
+
+        # no session id ever reached Prometheus as a label value
+        uids = set(first_plain.deleted_uids) | set(second_plain.deleted_uids) | set(unguarded.deleted_uids)
+        for label in ("record", "target", "instance"):
+            values = set(prom.get(f"/api/v1/label/{label}/values"))
+            assert not values & uids, label
+            assert not any(re.search(r"[0-9a-f]{8}-[0-9a-f]{4}-", value) for value in values), label
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        exporter.stop()
+
+
+def test_the_guarded_launchers_tombstones_reach_the_exporter(guarded_gateway: Any) -> None:
+    from gatewayscope.config import Config, Policy, Target
+    from gatewayscope.exporter.server import Exporter, render
+    from gatewayscope.exporter.settings import ExporterSettings
+
+    gateway = guarded_gateway("memory", max_tombstones=10)
+    rollouts(gateway.url, 4, 1, guarded=True, seed=9)
+    exporter = Exporter(Config(targets=[Target(name="guarded", kind="rllm", url=gateway.url)], policy=Policy()),
+                        ExporterSettings())
+    body, _ = render(exporter.metrics_registry(30.0))
+    text = body.decode()
+    assert 'gatewayscope_up{kind="rllm",target="guarded"} 1.0' in text
+    assert 'gatewayscope_trace_store_tombstones{target="guarded"} 4.0' in text
+    assert 'gatewayscope_trace_store_tombstone_capacity{target="guarded"} 10.0' in text
