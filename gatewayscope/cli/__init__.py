@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "gatewayscope.cli.scan",
     "gatewayscope.cli.export",
     "gatewayscope.cli.demo",
+    "gatewayscope.cli.remediate",
     "gatewayscope.cli.gateway",
     "gatewayscope.cli.guard",
     "gatewayscope.cli.emulate",

@@ -1,0 +1,193 @@
+"""``gatewayscope plan``, ``show`` and ``apply``: findings into a reviewed plan, applied safely."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from gatewayscope.cli.common import DEFAULT_CONFIG_ENV, add_target_arguments, config_from_args
+from gatewayscope.config import Config, Policy, Target, load_config
+from gatewayscope.errors import ConfigError, PlanError
+from gatewayscope.remediate.apply import ActionResult, ApplyOptions, ApplyReport, apply_plan
+from gatewayscope.remediate.journal import Journal
+from gatewayscope.remediate.plan import ACTION_KINDS, DEFAULT_DELETES_PER_SECOND, Plan, build_plan, load_plan
+from gatewayscope.remediate.review import FORMATS, render_plan
+from gatewayscope.scan import take_snapshot
+
+
+def register(subparsers: Any) -> None:
+    plan = subparsers.add_parser(
+        "plan",
+        help="build a reviewable remediation plan from a fresh scan",
+        description=(
+            "Scan the targets and write a JSON plan of the repairs their findings call for: pool_shrink "
+            "(Bifrost records over their kind's pool), posture_fix (drifted client config), record_delete "
+            "(records that cannot be resized; only with --include-deletes), session_delete (confirmed orphan "
+            "sessions; suspected ones only with --include-suspected) and tombstone_backfill (on guarded stores, "
+            "before the deletes). Nothing is changed: review the plan with 'gatewayscope show', then "
+            "'gatewayscope apply'."
+        ),
+    )
+    add_target_arguments(plan)
+    plan.add_argument("--out", required=True, metavar="FILE", help="where to write the plan (JSON)")
+    plan.add_argument("--only", nargs="+", choices=ACTION_KINDS, metavar="KIND",
+                      help=f"plan only these action kinds ({', '.join(ACTION_KINDS)})")
+    plan.add_argument("--include-suspected", action="store_true",
+                      help="also delete suspected orphans (one idle trace, nothing proves the delete)")
+    plan.add_argument("--include-deletes", action="store_true",
+                      help="plan the deletion of Bifrost records that cannot be resized")
+    plan.add_argument("--tombstone-ids", metavar="FILE",
+                      help="also tombstone these session ids (one per line) on guarded stores")
+    plan.add_argument("--deleted-from", action="append", default=[], metavar="JOURNAL",
+                      help="an earlier apply's journal: sessions it deleted that came back are confirmed orphans")
+    plan.set_defaults(func=run_plan)
+
+    show = subparsers.add_parser("show", help="render a plan for review (text, Markdown or HTML)",
+                                 description="Render a plan: summary by kind and target, the memory a shrink "
+                                             "frees, every action with its reason, and the warnings.")
+    show.add_argument("plan", metavar="PLAN", help="the plan file")
+    show.add_argument("--format", choices=tuple(FORMATS), default="text")
+    show.set_defaults(func=run_show)
+
+    apply = subparsers.add_parser(
+        "apply",
+        help="apply a plan (a dry run unless --yes)",
+        description=(
+            "Apply exactly the actions of a plan with the safety protocol: every subject is re-read right "
+            "before it is written (gone, already done and changed-since-planned subjects are not written), "
+            "5xx answers are retried only after a re-read (250, 750, 2000 ms), an unanswered write is read "
+            "back and never sent again, and every attempt and outcome goes to an append-only journal. "
+            "Without --yes nothing is written (a dry run). Deletes also need --allow-delete. Exit 0 when "
+            "every action is done or already done, 1 when any is refused, unconfirmed, gone, stale or "
+            "skipped, 2 on usage errors."
+        ),
+    )
+    apply.add_argument("plan", metavar="PLAN", help="the plan file")
+    apply.add_argument("--config", metavar="FILE",
+                       help=f"the config the plan was made with, for credentials (default ${DEFAULT_CONFIG_ENV}); "
+                            "targets given by flags at plan time need none")
+    apply.add_argument("--yes", action="store_true", help="really write (default: dry run)")
+    apply.add_argument("--allow-delete", action="store_true", help="also run the plan's deletes")
+    apply.add_argument("--journal", metavar="FILE", help="the journal (default: PLAN with .journal.jsonl)")
+    apply.add_argument("--concurrency", type=int, default=4, metavar="N", help="actions at once (default 4)")
+    apply.add_argument("--rate", type=float, metavar="R",
+                       help=f"at most R writes per second (default: no limit, but session deletes "
+                            f"{DEFAULT_DELETES_PER_SECOND:g} per second)")
+    apply.add_argument("--max-errors", type=int, metavar="N",
+                       help="stop starting actions after N refused or unconfirmed ones")
+    apply.set_defaults(func=run_apply)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from gatewayscope.guard.backfill import read_ids_file
+
+    config = config_from_args(args)
+    tombstone_ids = read_ids_file(args.tombstone_ids) if args.tombstone_ids else []
+    deleted: set[str] = set()
+    for path in args.deleted_from:
+        deleted.update(deleted_session_ids(Journal(path)))
+    snapshot = take_snapshot(config)
+    plan = build_plan(snapshot, config, only=args.only or (), include_suspected=args.include_suspected,
+                      include_deletes=args.include_deletes, tombstone_ids=tombstone_ids, deleted_ids=deleted)
+    try:
+        plan.save(args.out)
+    except OSError as err:
+        raise PlanError(f"Cannot write the plan to {args.out}: {err.strerror or err}.") from None
+    sys.stdout.write(render_plan(plan, "text"))
+    config_flag = f" --config {config.source}" if config.source else ""
+    sys.stdout.write(f"\nPlan written to {args.out}. Review it with 'gatewayscope show {args.out}', try it with "
+                     f"'gatewayscope apply {args.out}{config_flag}' (a dry run), then add --yes"
+                     f"{' --allow-delete' if any(a.destructive for a in plan.actions) else ''}.\n")
+    return 0 if all(t.up for t in snapshot.targets) else 1
+
+
+def deleted_session_ids(journal: Journal) -> set[str]:
+    """Sessions an earlier apply deleted (from its journal)."""
+    return {str(r["subject"]) for r in journal.read()
+            if r.get("event") == "outcome" and r.get("kind") == "session_delete" and r.get("outcome") == "done"}
+
+
+def run_show(args: argparse.Namespace) -> int:
+    sys.stdout.write(render_plan(load_plan(args.plan), args.format))
+    return 0
+
+
+def config_for_plan(plan: Plan, config_path: str | None) -> Config:
+    """The config an apply runs with: the file's targets (credentials), plus the plan's own for the rest."""
+    path = config_path or os.environ.get(DEFAULT_CONFIG_ENV) or None
+    config = load_config(path) if path else Config(targets=[], policy=Policy())
+    known = {t.name for t in config.targets}
+    for entry in plan.targets:
+        if entry["name"] in known:
+            target = config.target(entry["name"])
+            if target.address != entry.get("address"):
+                raise ConfigError(f"Target {entry['name']!r} is {target.address} in the config but the plan was made "
+                                  f"against {entry.get('address')}; apply a plan with the config it was made with.")
+            continue
+        address = str(entry.get("address", ""))
+        if entry.get("kind") == "bifrost" or address.startswith(("http://", "https://")):
+            config.targets.append(Target(name=entry["name"], kind=entry["kind"], url=address))
+        else:
+            config.targets.append(Target(name=entry["name"], kind=entry["kind"], path=address))
+    return config
+
+
+def _print_result(result: ActionResult) -> None:
+    sys.stdout.write(f"  {result.action_id} {result.kind} {result.target} {result.subject}: "
+                     f"{result.outcome}{' - ' + result.detail if result.detail else ''}\n")
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    if args.concurrency < 1:
+        raise ConfigError("--concurrency: expected a whole number >= 1")
+    if args.rate is not None and args.rate <= 0:
+        raise ConfigError("--rate: expected a positive number of writes per second")
+    if args.max_errors is not None and args.max_errors < 1:
+        raise ConfigError("--max-errors: expected a whole number >= 1")
+    plan = load_plan(args.plan)
+    config = config_for_plan(plan, args.config)
+    journal_path = Path(args.journal) if args.journal else Path(args.plan).with_suffix(".journal.jsonl")
+    journal = Journal(journal_path)
+    options = ApplyOptions(yes=args.yes, allow_delete=args.allow_delete, concurrency=args.concurrency,
+                           rate=args.rate, max_errors=args.max_errors)
+    from tqdm import tqdm
+
+    with tqdm(total=len(plan.actions), desc="apply" if args.yes else "dry run", unit="action",
+              file=sys.stderr, disable=None) as bar:
+        report = apply_plan(plan, config, options=replace(options), journal=journal,
+                            on_result=lambda _r: bar.update(1))
+    return _print_report(report, plan, args, journal_path)
+
+
+def _print_report(report: ApplyReport, plan: Plan, args: argparse.Namespace, journal_path: Path) -> int:
+    if report.already_applied:
+        sys.stdout.write(f"Plan {plan.id} was already applied (journal {journal_path}); nothing to do.\n"
+                         f"{report.tally_line()}\n")
+        return report.exit_code
+    if report.previous:
+        sys.stdout.write(f"Resumed: {len(report.previous)} action(s) were settled by an earlier run "
+                         f"(journal {journal_path}).\n")
+    if report.dry_run:
+        counts: dict[str, int] = {}
+        for result in report.results:
+            counts[result.outcome] = counts.get(result.outcome, 0) + 1
+            if result.outcome not in ("would-write", "already-done"):
+                _print_result(result)
+        deletes = sum(1 for a in plan.actions if a.destructive)
+        also = f" (and --allow-delete for the {deletes} deletes)" if deletes else ""
+        sys.stdout.write("Dry run, nothing was sent: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                         + f".\nRun again with --yes to apply{also}.\n")
+        return 0
+    for result in report.results:
+        if result.outcome not in ("done", "already-done"):
+            _print_result(result)
+    if report.skipped:
+        sys.stdout.write(f"{len(report.skipped)} action(s) not run (see above); they stay open in the journal.\n")
+    if report.stopped_early:
+        sys.stdout.write(f"{report.stopped_early}.\n")
+    sys.stdout.write(f"Journal: {journal_path}\n{report.tally_line()}\n")
+    return report.exit_code

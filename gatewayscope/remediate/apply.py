@@ -1,0 +1,632 @@
+"""Apply a plan, exactly as planned, with the safety protocol of DESIGN.md (seed 002, all of it).
+
+The only code in gatewayscope that writes to a gateway. For every action it:
+
+1. runs only with explicit confirmation (``ApplyOptions.yes``; deletes also need ``allow_delete``);
+   otherwise it is a dry run that reads but never writes;
+2. re-reads the subject right before writing: gone -> ``gone`` (a Bifrost PUT is an upsert and would
+   recreate it), already at the target -> ``already-done``, changed in anything but what the action
+   changes -> ``stale``;
+3. builds the write from that fresh read, never sending a secret a listing masked, never ``keys``;
+4. gives a pool write 30 s;
+5. after a 5xx waits 250, 750 and 2,000 ms in turn, re-reads each time (gone or already resized settles
+   it) and only then sends again with the config read then; still failing -> ``unconfirmed``;
+6. after no answer (timeout, connection reset after sending) reads back and never sends again;
+7. on a 400 refusal reports ``refused``, naming the remedy for a record with a base URL;
+8. never runs two actions on one subject (the plan guarantees it; checked again here);
+9. bounded concurrency, a rate limit, a max-errors stop, progress, one closing tally line;
+10. journals every attempt and outcome; an applied plan is not applied again; an interrupted apply
+    resumes from its journal.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from gatewayscope.analysis.posture import SAFE_POSTURE
+from gatewayscope.config import Config, Target
+from gatewayscope.errors import (
+    GatewayscopeError,
+    GatewayTimeoutError,
+    HTTPStatusError,
+    NotFoundError,
+    PlanError,
+    SourceError,
+    UnreachableError,
+)
+from gatewayscope.remediate.journal import FINAL_OUTCOMES, Journal
+from gatewayscope.remediate.plan import (
+    ACTION_KINDS,
+    DEFAULT_DELETES_PER_SECOND,
+    Action,
+    Plan,
+    posture_fingerprint,
+    session_fingerprint,
+)
+
+OUTCOMES = FINAL_OUTCOMES
+SUCCESS_OUTCOMES = frozenset({"done", "already-done"})
+#: waits after a 5xx before each re-read (seed 002)
+RETRY_SCHEDULE = (0.25, 0.75, 2.0)
+#: DNS 5 s + upstream model listing 15 s + margin (seed 002)
+POOL_WRITE_TIMEOUT = 30.0
+#: fields a pool write sends back from the fresh read; the rest PUT keeps when absent (contract 2.5, 8)
+POOL_WRITE_FIELDS = ("network_config", "custom_provider_config", "send_back_raw_request", "send_back_raw_response")
+
+
+@dataclass
+class ApplyOptions:
+    yes: bool = False
+    allow_delete: bool = False
+    concurrency: int = 4
+    #: writes per second over the whole apply (None = no limit, except session deletes: the plan's
+    #: DEFAULT_DELETES_PER_SECOND)
+    rate: float | None = None
+    #: stop starting new actions after this many refused/unconfirmed ones (None = never)
+    max_errors: int | None = None
+    pool_write_timeout: float = POOL_WRITE_TIMEOUT
+    retry_schedule: Sequence[float] = RETRY_SCHEDULE
+    sleep: Callable[[float], None] = time.sleep
+
+
+@dataclass
+class ActionResult:
+    action_id: str
+    kind: str
+    target: str
+    subject: str
+    outcome: str  # one of OUTCOMES, or for a dry run: "would-write" plus OUTCOMES; or "skipped"
+    detail: str = ""
+    sends: int = 0
+
+
+@dataclass
+class ApplyReport:
+    plan_id: str
+    dry_run: bool
+    results: list[ActionResult] = field(default_factory=list)
+    #: outcomes settled by an earlier run of the same plan (from the journal)
+    previous: list[ActionResult] = field(default_factory=list)
+    already_applied: bool = False
+    stopped_early: str | None = None
+
+    def tally(self) -> dict[str, int]:
+        counts = {outcome: 0 for outcome in OUTCOMES}
+        for result in [*self.previous, *self.results]:
+            if result.outcome in counts:
+                counts[result.outcome] += 1
+        return counts
+
+    def tally_line(self) -> str:
+        """``<n> done, <n> refused, <n> unconfirmed, <n> gone, <n> stale, <n> already-done``, zeros included."""
+        return ", ".join(f"{n} {outcome}" for outcome, n in self.tally().items())
+
+    @property
+    def skipped(self) -> list[ActionResult]:
+        return [r for r in self.results if r.outcome == "skipped"]
+
+    @property
+    def exit_code(self) -> int:
+        if self.dry_run:
+            return 0
+        everything = [*self.previous, *self.results]
+        return 0 if all(r.outcome in SUCCESS_OUTCOMES for r in everything) else 1
+
+
+class _RateLimiter:
+    """At most ``rate`` permits per second across threads (evenly spaced)."""
+
+    def __init__(self, rate: float | None, sleep: Callable[[float], None]) -> None:
+        self.interval = 1.0 / rate if rate else 0.0
+        self.sleep = sleep
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def wait(self) -> None:
+        if not self.interval:
+            return
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next)
+            self._next = start + self.interval
+        if start > now:
+            self.sleep(start - now)
+
+
+class _Context:
+    """What the executors share: the journal, the options, the clients, the rate limiter."""
+
+    def __init__(self, plan: Plan, config: Config, options: ApplyOptions, journal: Journal | None,
+                 transports: dict[str, Any]) -> None:
+        self.plan = plan
+        self.config = config
+        self.options = options
+        self.journal = journal
+        self.transports = transports
+        self.limiter = _RateLimiter(options.rate, options.sleep)
+        # session deletes keep the pace the plan announced unless a rate is given (the 0.1.0 memory store
+        # scans every session on each delete, on the event loop that serves the rollouts)
+        self.delete_limiter = (self.limiter if options.rate
+                               else _RateLimiter(DEFAULT_DELETES_PER_SECOND, options.sleep))
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.stack = ExitStack()
+
+    def target(self, name: str) -> Target:
+        try:
+            return self.config.target(name)
+        except GatewayscopeError:
+            raise PlanError(f"The plan acts on target {name!r}, which the config does not name; apply it with "
+                            "the config it was planned with.") from None
+
+    def bifrost(self, name: str) -> Any:
+        from gatewayscope.sources.bifrost import client_for
+
+        with self._lock:
+            if name not in self._clients:
+                self._clients[name] = self.stack.enter_context(
+                    client_for(self.target(name), transport=self.transports.get(name)))
+            return self._clients[name]
+
+    def rllm(self, name: str) -> Any:
+        from gatewayscope.sources.rllm_http import RllmClient
+
+        target = self.target(name)
+        with self._lock:
+            if name not in self._clients:
+                assert target.url
+                self._clients[name] = self.stack.enter_context(RllmClient(
+                    target.url, timeout=target.timeout_seconds, transport=self.transports.get(name),
+                    max_connections=max(4, self.options.concurrency)))
+            return self._clients[name]
+
+    def attempt(self, action: Action, send: int, what: str) -> None:
+        (self.delete_limiter if action.kind == "session_delete" else self.limiter).wait()
+        if self.journal is not None:
+            self.journal.append("attempt", plan_id=self.plan.id, action_id=action.id, kind=action.kind,
+                                target=action.target, subject=action.subject, send=send, what=what)
+
+
+class _Settled(Exception):
+    """Raised inside an executor to end an action with an outcome."""
+
+    def __init__(self, outcome: str, detail: str = "") -> None:
+        super().__init__(detail)
+        self.outcome = outcome
+        self.detail = detail
+
+
+# -- Bifrost ---------------------------------------------------------------------------------------------
+
+def pool_write_body(record: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The PUT body for a resize, built from a fresh read (contract section 8).
+
+    Sends the record's own network block, custom upstream and raw switches (PUT resets those when
+    absent) and the new pool; leaves out what PUT keeps when absent (proxy, openai, prompt cache,
+    store_raw_request_response), whose secrets the listing masks; never ``keys``. A record whose network
+    block carries a CA certificate cannot be written without sending back a masked secret, so it raises.
+    """
+    network = record.get("network_config")
+    if isinstance(network, dict) and network.get("ca_cert_pem"):
+        raise _Settled("refused", "not sent: its network_config carries a CA certificate that the listing masks, "
+                                  "and a resize would have to send the mask back; resize it where the certificate "
+                                  "is managed, or delete it")
+    body: dict[str, Any] = {}
+    for key in POOL_WRITE_FIELDS:
+        if key in record and record[key] is not None:
+            body[key] = record[key]
+    body.setdefault("network_config", {})
+    body["concurrency_and_buffer_size"] = {"concurrency": int(after["concurrency"]),
+                                           "buffer_size": int(after["buffer_size"])}
+    return body
+
+
+def _concurrency(record: dict[str, Any]) -> int:
+    block = record.get("concurrency_and_buffer_size") or {}
+    value = block.get("concurrency") if isinstance(block, dict) else None
+    return int(value) if isinstance(value, int) and value > 0 else 1000
+
+
+def _refusal(action: Action, err: HTTPStatusError) -> _Settled:
+    if action.kind == "pool_shrink":
+        if action.details.get("has_base_url"):
+            remedy = (f"it keeps its workers; remedy: DELETE /api/providers/{quote(action.subject, safe='')} "
+                      "(a provision still in use sets it up again)")
+        else:
+            remedy = "it keeps its workers"
+        return _Settled("refused", f"{err.message} ({err.status}); {remedy}")
+    return _Settled("refused", f"{err.message} ({err.status})")
+
+
+def _shrink(ctx: _Context, action: Action, result: ActionResult) -> None:
+    from gatewayscope.sources.bifrost import POOL_FIELDS, record_fingerprint
+
+    client = ctx.bifrost(action.target)
+    target_pool = int(action.after["concurrency"])
+
+    def fresh() -> dict[str, Any]:
+        """Re-read; settle gone / already-done / stale; return the record otherwise."""
+        try:
+            record = client.get_provider(action.subject)
+        except NotFoundError:
+            raise _Settled("gone", "the record no longer exists; not written (a PUT would recreate it)") from None
+        if _concurrency(record) <= target_pool:
+            raise _Settled("already-done" if result.sends == 0 else "done",
+                           f"holds {_concurrency(record)} workers")
+        if record_fingerprint(record, exclude=POOL_FIELDS) != action.fingerprint:
+            raise _Settled("stale", "changed since the plan was made; skipped (make a new plan)")
+        return record
+
+    record = fresh()
+    if not ctx.options.yes:
+        raise _Settled("would-write", f"{_concurrency(record)} -> {target_pool} workers")
+    schedule = list(ctx.options.retry_schedule)
+    while True:
+        body = pool_write_body(record, action.after)
+        result.sends += 1
+        ctx.attempt(action, result.sends, f"PUT pool {target_pool}/{action.after['buffer_size']}")
+        try:
+            answer = client.put_provider(action.subject, body, timeout=ctx.options.pool_write_timeout)
+        except (GatewayTimeoutError, UnreachableError) as err:
+            _read_back_pool(client, action, target_pool, err)
+        except HTTPStatusError as err:
+            if err.status >= 500 and schedule:
+                ctx.options.sleep(schedule.pop(0))
+                record = fresh()
+                continue
+            if err.status >= 500:
+                _read_back_pool(client, action, target_pool, err)
+            raise _refusal(action, err) from None
+        held = _concurrency(answer) if isinstance(answer, dict) else None
+        raise _Settled("done", f"now {held if held is not None else target_pool} workers")
+
+
+def _read_back_pool(client: Any, action: Action, target_pool: int, err: Exception) -> None:
+    """No (good) answer: the write may still be under way there. Read back; never send again."""
+    try:
+        record = client.get_provider(action.subject)
+    except GatewayscopeError as read_err:
+        raise _Settled("unconfirmed", f"{err}; read-back failed too: {read_err}") from None
+    if _concurrency(record) == target_pool:
+        raise _Settled("done", f"no clear answer ({err}), but the record holds the new pool")
+    raise _Settled("unconfirmed", f"{err}; the record still holds {_concurrency(record)} workers")
+
+
+def _record_delete(ctx: _Context, action: Action, result: ActionResult) -> None:
+    from gatewayscope.sources.bifrost import POOL_FIELDS, record_fingerprint
+
+    client = ctx.bifrost(action.target)
+
+    def fresh() -> dict[str, Any]:
+        try:
+            record = client.get_provider(action.subject)
+        except NotFoundError:
+            raise _Settled("already-done" if result.sends == 0 else "done", "the record is gone") from None
+        if result.sends == 0 and record_fingerprint(record, exclude=POOL_FIELDS) != action.fingerprint:
+            raise _Settled("stale", "changed since the plan was made; not deleted (make a new plan)")
+        return record
+
+    fresh()
+    if not ctx.options.yes:
+        raise _Settled("would-write", "DELETE")
+    schedule = list(ctx.options.retry_schedule)
+    while True:
+        result.sends += 1
+        ctx.attempt(action, result.sends, "DELETE record")
+        try:
+            client.delete_provider(action.subject)
+        except (GatewayTimeoutError, UnreachableError) as err:
+            fresh()  # read back: gone settles it as done
+            raise _Settled("unconfirmed", f"{err}; the record is still there") from None
+        except HTTPStatusError as err:
+            if err.status >= 500 and schedule:
+                ctx.options.sleep(schedule.pop(0))
+                fresh()
+                continue  # a DELETE is safe to send again: it never recreates anything
+            if err.status >= 500:
+                fresh()
+                raise _Settled("unconfirmed", str(err)) from None
+            raise _refusal(action, err) from None
+        raise _Settled("done", "deleted")
+
+
+def _posture(ctx: _Context, action: Action, result: ActionResult) -> None:
+    from gatewayscope.analysis.posture import posture_drift
+    from gatewayscope.sources.bifrost import safe_client_config
+
+    client = ctx.bifrost(action.target)
+    settings = list(action.after)
+
+    def fresh() -> dict[str, Any]:
+        config = client.get_config()
+        client_config = config.get("client_config") if isinstance(config, dict) else None
+        if not isinstance(client_config, dict):
+            raise _Settled("unconfirmed", "GET /api/config returned no client_config")
+        drifted = [s for s in posture_drift(client_config) if s in settings]
+        if not drifted:
+            raise _Settled("already-done" if result.sends == 0 else "done", "posture holds")
+        if result.sends == 0 and posture_fingerprint(safe_client_config(client_config)) != action.fingerprint:
+            raise _Settled("stale", "the client config changed since the plan was made; not written")
+        return client_config
+
+    client_config = fresh()
+    if not ctx.options.yes:
+        raise _Settled("would-write", ", ".join(f"{s} -> {action.after[s]}" for s in settings))
+    schedule = list(ctx.options.retry_schedule)
+    while True:
+        # read-modify-write of the WHOLE client config: PUT copies most fields unconditionally
+        body = {"client_config": {**client_config, **{s: SAFE_POSTURE[s] for s in settings}}}
+        result.sends += 1
+        ctx.attempt(action, result.sends, "PUT client_config")
+        try:
+            client.put_config(body)
+        except (GatewayTimeoutError, UnreachableError) as err:
+            fresh()
+            raise _Settled("unconfirmed", f"{err}; the posture still drifts") from None
+        except HTTPStatusError as err:
+            if err.status >= 500 and schedule:
+                ctx.options.sleep(schedule.pop(0))
+                client_config = fresh()
+                continue
+            if err.status >= 500:
+                fresh()
+                raise _Settled("unconfirmed", str(err)) from None
+            raise _refusal(action, err) from None
+        raise _Settled("done", ", ".join(f"{s} = {SAFE_POSTURE[s]}" for s in settings))
+
+
+# -- rLLM ------------------------------------------------------------------------------------------------
+
+def _backfill(ctx: _Context, action: Action, result: ActionResult) -> None:
+    from gatewayscope.guard.backfill import backfill_tombstones
+
+    target = ctx.target(action.target)
+    ids = list(action.after.get("session_ids") or [])
+    if not ctx.options.yes:
+        raise _Settled("would-write", f"{len(ids)} tombstone(s)")
+    result.sends += 1
+    ctx.attempt(action, result.sends, f"tombstones for {len(ids)} id(s)")
+    try:
+        outcome = backfill_tombstones(target.address, ids, timeout=target.timeout_seconds)
+    except (GatewayTimeoutError, UnreachableError) as err:
+        raise _Settled("unconfirmed", str(err)) from None
+    except SourceError as err:
+        raise _Settled("refused", str(err)) from None
+    raise _Settled("done" if outcome.new else "already-done", outcome.message)
+
+
+def _session_traces_http(ctx: _Context, action: Action) -> list[str]:
+    from gatewayscope.sources.rllm_http import session_path
+
+    body = ctx.rllm(action.target).request("GET", f"{session_path(action.subject)}/traces")
+    if not isinstance(body, list):
+        raise _Settled("unconfirmed", "the session's traces could not be read back")
+    return [str(t.get("trace_id")) for t in body if isinstance(t, dict)]
+
+
+def _session_traces_sqlite(path: str, session_id: str, timeout: float) -> list[str]:
+    from gatewayscope.sources.rllm_sqlite import open_read_only
+
+    conn = open_read_only(path, busy_timeout=timeout)
+    try:
+        return [row[0] for row in conn.execute("SELECT trace_id FROM trace_sessions WHERE session_id = ?",
+                                               (session_id,))]
+    finally:
+        conn.close()
+
+
+def delete_session_rows(path: str, session_id: str, *, timeout: float = 10.0) -> int:
+    """The gateway's own delete, on its SQLite file, in one short write transaction.
+
+    Same statements as ``SqliteTraceStore.delete_session``: the session's junction rows, then its traces
+    no other session shares. Returns the number of traces deleted. (With the guard installed, the junction
+    delete records the tombstone.)
+    """
+    conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+    try:
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("BEGIN IMMEDIATE")
+        unique = [row[0] for row in conn.execute(
+            "SELECT ts1.trace_id FROM trace_sessions ts1 WHERE ts1.session_id = ? AND NOT EXISTS ("
+            "SELECT 1 FROM trace_sessions ts2 WHERE ts2.trace_id = ts1.trace_id AND ts2.session_id != ?)",
+            (session_id, session_id))]
+        conn.execute("DELETE FROM trace_sessions WHERE session_id = ?", (session_id,))
+        for start in range(0, len(unique), 500):
+            chunk = unique[start:start + 500]
+            conn.execute(f"DELETE FROM traces WHERE trace_id IN ({','.join('?' * len(chunk))})", chunk)
+        conn.execute("COMMIT")
+        return len(unique)
+    except sqlite3.Error as err:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise SourceError(f"{path}: deleting session {session_id!r} failed: {err}") from None
+    finally:
+        conn.close()
+
+
+def _session_delete(ctx: _Context, action: Action, result: ActionResult) -> None:
+    from gatewayscope.sources.rllm_http import session_path
+
+    target = ctx.target(action.target)
+
+    def fresh() -> list[str]:
+        if target.path:
+            ids = _session_traces_sqlite(target.path, action.subject, target.timeout_seconds)
+        else:
+            ids = _session_traces_http(ctx, action)
+        if not ids:
+            raise _Settled("already-done" if result.sends == 0 else "done", "the session is gone")
+        # compare the trace ids only when the plan read them (a plan may know just the count)
+        planned_ids = ids if action.details.get("trace_ids") is not None else None
+        if result.sends == 0 and session_fingerprint(len(ids), planned_ids) != action.fingerprint:
+            planned = action.before.get("trace_count")
+            raise _Settled("stale", f"the session now has {len(ids)} trace(s), not the {planned} it was planned "
+                                    "with: it may be live; not deleted")
+        return ids
+
+    fresh()
+    if not ctx.options.yes:
+        raise _Settled("would-write", "DELETE session")
+    schedule = list(ctx.options.retry_schedule)
+    while True:
+        result.sends += 1
+        ctx.attempt(action, result.sends, "DELETE session")
+        try:
+            if target.path:
+                deleted = delete_session_rows(target.path, action.subject, timeout=target.timeout_seconds)
+            else:
+                body = ctx.rllm(action.target).request("DELETE", session_path(action.subject))
+                deleted = int(body.get("deleted", 0)) if isinstance(body, dict) else 0
+        except (GatewayTimeoutError, UnreachableError) as err:
+            fresh()
+            raise _Settled("unconfirmed", f"{err}; the session is still there") from None
+        except HTTPStatusError as err:
+            if err.status >= 500 and schedule:
+                ctx.options.sleep(schedule.pop(0))
+                fresh()
+                continue
+            if err.status >= 500:
+                fresh()
+                raise _Settled("unconfirmed", str(err)) from None
+            raise _Settled("refused", f"{err.message} ({err.status})") from None
+        except SourceError as err:
+            raise _Settled("unconfirmed", str(err)) from None
+        raise _Settled("done", f"deleted ({deleted} trace(s))")
+
+
+_EXECUTORS: dict[str, Callable[[_Context, Action, ActionResult], None]] = {
+    "pool_shrink": _shrink,
+    "record_delete": _record_delete,
+    "posture_fix": _posture,
+    "tombstone_backfill": _backfill,
+    "session_delete": _session_delete,
+}
+
+
+# -- the driver ------------------------------------------------------------------------------------------
+
+def _run_action(ctx: _Context, action: Action) -> ActionResult:
+    result = ActionResult(action.id, action.kind, action.target, action.subject, outcome="unconfirmed")
+    try:
+        _EXECUTORS[action.kind](ctx, action, result)
+        result.detail = "executor ended without an outcome"
+    except _Settled as settled:
+        result.outcome, result.detail = settled.outcome, settled.detail
+    except PlanError:
+        raise
+    except GatewayscopeError as err:
+        # a read before any write failed: nothing of ours is under way
+        result.outcome = "unconfirmed"
+        result.detail = f"{'after sending: ' if result.sends else 'nothing sent: '}{err}"
+    if ctx.journal is not None and ctx.options.yes and result.outcome in OUTCOMES:
+        ctx.journal.append("outcome", plan_id=ctx.plan.id, action_id=action.id, kind=action.kind,
+                           target=action.target, subject=action.subject, outcome=result.outcome,
+                           detail=result.detail, sends=result.sends)
+    return result
+
+
+def apply_plan(
+    plan: Plan,
+    config: Config,
+    *,
+    options: ApplyOptions | None = None,
+    journal: Journal | None = None,
+    transports: dict[str, Any] | None = None,
+    on_result: Callable[[ActionResult], None] | None = None,
+) -> ApplyReport:
+    """Apply ``plan`` (a dry run unless ``options.yes``). ``on_result`` is called after each action (progress)."""
+    options = options or ApplyOptions()
+    if options.yes and journal is None:
+        raise PlanError("A real apply needs a journal (every attempt and outcome is recorded).")
+    if options.concurrency < 1:
+        raise PlanError("--concurrency must be at least 1.")
+    report = ApplyReport(plan_id=plan.id, dry_run=not options.yes)
+    subjects = [(a.target, a.subject) for a in plan.actions]
+    if len(set(subjects)) != len(subjects):
+        raise PlanError("The plan has two actions on one subject; it is not a plan gatewayscope made.")
+    unknown = {a.kind for a in plan.actions} - set(ACTION_KINDS)
+    if unknown:
+        raise PlanError(f"The plan has action kinds this gatewayscope does not know: {', '.join(sorted(unknown))}.")
+    for action in plan.actions:
+        config_target = next((t for t in config.targets if t.name == action.target), None)
+        if config_target is None:
+            raise PlanError(f"The plan acts on target {action.target!r}, which the config does not name; apply it "
+                            "with the config it was planned with (--config).")
+
+    settled = journal.outcomes(plan.id) if journal is not None else {}
+    pending: list[Action] = []
+    for action in plan.actions:
+        if action.id in settled:
+            record = settled[action.id]
+            report.previous.append(ActionResult(action.id, action.kind, action.target, action.subject,
+                                                outcome=str(record["outcome"]), detail=str(record.get("detail", "")),
+                                                sends=int(record.get("sends", 0))))
+        else:
+            pending.append(action)
+    if plan.actions and not pending:
+        report.already_applied = True
+        return report
+
+    ctx = _Context(plan, config, options, journal, transports or {})
+    if journal is not None and options.yes:
+        journal.append("apply-start", plan_id=plan.id, actions=len(pending), resumed=len(report.previous),
+                       allow_delete=options.allow_delete)
+    errors = 0
+    # tombstone first, then delete: a target whose backfill failed gets no deletes
+    unguarded_deletes = {r.target for r in report.previous
+                         if r.kind == "tombstone_backfill" and r.outcome not in SUCCESS_OUTCOMES}
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def work(action: Action) -> ActionResult:
+        nonlocal errors
+        if stop.is_set():
+            return ActionResult(action.id, action.kind, action.target, action.subject, "skipped",
+                                report.stopped_early or "stopped")
+        if action.kind == "session_delete" and action.target in unguarded_deletes:
+            result = ActionResult(action.id, action.kind, action.target, action.subject, "skipped",
+                                  "its target's tombstones were not recorded first; not deleted")
+        elif action.destructive and options.yes and not options.allow_delete:
+            result = ActionResult(action.id, action.kind, action.target, action.subject, "skipped",
+                                  "a delete: needs --allow-delete")
+        else:
+            result = _run_action(ctx, action)
+        with lock:
+            if result.outcome in ("refused", "unconfirmed"):
+                errors += 1
+                if options.max_errors is not None and errors >= options.max_errors and not stop.is_set():
+                    report.stopped_early = f"stopped after {errors} error(s) (--max-errors {options.max_errors})"
+                    stop.set()
+        if on_result:
+            on_result(result)
+        return result
+
+    try:
+        with ctx.stack:
+            # phases in plan order: tombstones land before any delete starts
+            for kind in ACTION_KINDS:
+                phase = [a for a in pending if a.kind == kind]
+                if not phase:
+                    continue
+                with ThreadPoolExecutor(max_workers=options.concurrency,
+                                        thread_name_prefix="gatewayscope-apply") as pool:
+                    results = list(pool.map(work, phase))
+                report.results.extend(results)
+                if kind == "tombstone_backfill":
+                    unguarded_deletes.update(r.target for r in results if r.outcome not in SUCCESS_OUTCOMES
+                                             and r.outcome != "would-write")
+    finally:
+        if journal is not None and options.yes:
+            journal.append("apply-end", plan_id=plan.id, tally=report.tally(),
+                           skipped=len(report.skipped), stopped_early=report.stopped_early)
+    order = {a.id: i for i, a in enumerate(plan.actions)}
+    report.results.sort(key=lambda r: order[r.action_id])
+    return report

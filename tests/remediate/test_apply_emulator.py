@@ -1,0 +1,176 @@
+"""Applying plans to the Bifrost emulator's realistic store: the memory a plan promises is the memory freed,
+and the posture fix is one read-modify-write of the whole client config.
+
+The emulator (a real HTTP server) keeps the core's accounting: every stored record it can build parks
+``concurrency`` workers, a record in ``provider_status`` error parks none, a write restarts the pool with
+the new size and a delete removes it. Its ``parked_workers()`` and ``boot_memory()`` (2 and 8 KiB per
+worker) are compared with what ``plan_summary`` predicted, and with a count made from the seed's own
+record list.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gatewayscope.config import AuthConfig, Config, Policy, Target
+from gatewayscope.remediate.apply import ApplyOptions, ApplyReport, apply_plan
+from gatewayscope.remediate.journal import Journal
+from gatewayscope.remediate.plan import Plan, build_plan, plan_summary
+from gatewayscope.sandbox.bifrost_emulator import (
+    BifrostEmulator,
+    realistic_records,
+    seed_realistic,
+    seed_small,
+)
+from gatewayscope.snapshot import Snapshot, TargetSnapshot
+from gatewayscope.sources.bifrost import HostResolver, read_bifrost
+
+NOW = 1_750_000_000.0
+KIB = 1024
+ADMIN, PASSWORD, PASSWORD_ENV = "admin", "Emulator-Admin-Pw-42!", "GS_TEST_APPLY_EMU_PW"
+SAFE = {"drop_excess_requests": False, "enforce_auth_on_inference": True, "disable_content_logging": True}
+
+
+@pytest.fixture
+def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[BifrostEmulator]:
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    with BifrostEmulator(auth=(ADMIN, PASSWORD)) as emulator:
+        yield emulator
+
+
+def make_plan(emu: BifrostEmulator, **kwargs: Any) -> tuple[Plan, Config]:
+    target = Target(name="bifrost", kind="bifrost", url=emu.url,
+                    auth=AuthConfig(username=ADMIN, password_env=PASSWORD_ENV))
+    config = Config(targets=[target], policy=Policy())
+    data = read_bifrost(target, config.policy, resolver=HostResolver())  # real DNS: .invalid never resolves
+    snap = Snapshot(taken_at=NOW, targets=[TargetSnapshot(
+        name="bifrost", kind="bifrost", address=emu.url, up=True, started_at=NOW, duration_seconds=0.1,
+        bifrost=data)])
+    plan = build_plan(snap, config, created_at=NOW, **kwargs)
+    emu.clear_requests()
+    return plan, config
+
+
+def run(plan: Plan, config: Config, tmp_path: Path, **options: Any) -> ApplyReport:
+    """A real apply with a journal of its own (no waits: none of these tests meets a 5xx)."""
+    journal = tmp_path / f"journal-{len(list(tmp_path.glob('journal-*')))}.jsonl"
+    return apply_plan(plan, config, options=ApplyOptions(yes=True, sleep=lambda _s: None, **options),
+                      journal=Journal(journal))
+
+
+def config_puts(emu: BifrostEmulator) -> list[Any]:
+    return [json.loads(r.text()) for r in emu.requests("PUT", "/api/config")]
+
+
+def test_shrinking_the_realistic_store_frees_the_memory_the_plan_predicted(emu: BifrostEmulator,
+                                                                           tmp_path: Path) -> None:
+    seed = seed_realistic(emu)
+    assert emu.parked_workers() == seed.parked_workers
+    records = realistic_records()
+
+    # 1. the resizes: every record over its kind's pool that the gateway can reach
+    plan, config = make_plan(emu, only=("pool_shrink",))
+    predicted = plan_summary(plan)
+
+    def pool_of(name: str, custom: bool) -> int:
+        return 64 if custom or name.endswith("__anthropic") else 512
+
+    # counted from the seed's record list: buildable (a pool to shrink), base URL resolvable, over its pool
+    reachable = [r for r in records if r.buildable and ".invalid" not in r.base_url]
+    by_hand = sum(max(0, r.concurrency - pool_of(r.name, r.custom_provider_config is not None)) for r in reachable)
+    assert predicted["frees_workers"] == by_hand > 10_000
+    workers, (low, high) = emu.parked_workers(), emu.boot_memory()
+
+    report = run(plan, config, tmp_path)
+
+    assert {r.outcome for r in report.results} == {"done"}
+    assert workers - emu.parked_workers() == predicted["frees_workers"]
+    low_after, high_after = emu.boot_memory()
+    assert (low - low_after, high - high_after) == (predicted["frees_bytes"]["low"], predicted["frees_bytes"]["high"])
+    assert predicted["frees_bytes"] == {"low": by_hand * 2 * KIB, "high": by_hand * 8 * KIB}
+    rows = {row["name"]: row for row in emu.state_snapshot()["records"]}
+    for action in plan.actions:
+        row = rows[action.subject]
+        assert (row["concurrency"], row["buffer_size"]) == (action.after["concurrency"], action.after["buffer_size"])
+        assert (row["parked_workers"], row["restarts"]) == (action.after["concurrency"], 1)
+    untouched = set(rows) - {a.subject for a in plan.actions}
+    assert untouched and all(rows[n]["restarts"] == 0 for n in untouched)
+
+    # 2. what no resize can reach: the records whose upstream is gone, and one the core cannot build
+    plan, config = make_plan(emu, include_deletes=True, only=("pool_shrink", "record_delete"))
+    assert {a.kind for a in plan.actions} == {"record_delete"}  # nothing left to resize
+    assert rows["legacy-lan-gateway"]["parked_workers"] == 0  # status error: parks none, frees none
+    assert next(a for a in plan.actions if a.subject == "legacy-lan-gateway").details["frees_workers"] == 0
+    predicted = plan_summary(plan)
+    workers, (low, high) = emu.parked_workers(), emu.boot_memory()
+    dead = sum(1 for r in records if r.base_url and ".invalid/" in r.base_url)
+    assert predicted["frees_workers"] == sum(r.concurrency for r in records if r.base_url and ".invalid/" in r.base_url)
+    assert len(plan.actions) == dead + 1
+
+    report = run(plan, config, tmp_path, allow_delete=True)
+
+    assert {r.outcome for r in report.results} == {"done"}
+    assert workers - emu.parked_workers() == predicted["frees_workers"]
+    low_after, high_after = emu.boot_memory()
+    assert (low - low_after, high - high_after) == (predicted["frees_bytes"]["low"], predicted["frees_bytes"]["high"])
+    assert not {a.subject for a in plan.actions} & set(emu.record_names())
+    # what is left parks exactly the pools: standard 512, custom 64
+    left = emu.state_snapshot()
+    assert all(row["concurrency"] in (64, 512) for row in left["records"])
+    assert left["totals"]["parked_workers"] == emu.parked_workers()
+
+
+def test_posture_fix_is_one_put_of_the_whole_client_config(emu: BifrostEmulator, tmp_path: Path) -> None:
+    seed_small(emu)  # drop_excess_requests on, enforce_auth_on_inference and disable_content_logging off
+    emu.set_client_config(allowed_origins=["https://console.example"], prometheus_labels=["team"],
+                          max_request_body_size_mb=50, log_retention_days=30, initial_pool_size=120,
+                          header_filter_config={"allowlist": ["x-team"], "denylist": []},
+                          compat={"convert_text_to_chat": False, "convert_chat_to_responses": True,
+                                  "should_drop_params": True, "should_convert_params": False})
+    before = emu.client_config()
+    plan, config = make_plan(emu, only=("posture_fix",))
+    assert [a.kind for a in plan.actions] == ["posture_fix"]
+
+    report = run(plan, config, tmp_path)
+
+    assert [r.outcome for r in report.results] == ["done"]
+    puts = config_puts(emu)
+    assert len(puts) == 1
+    assert set(puts[0]) == {"client_config"}  # never auth_config (its password is masked in the read)
+    assert puts[0]["client_config"] == {**before, **SAFE}  # the whole config as read, three settings changed
+    assert emu.client_config() == {**before, **SAFE}
+    assert [r.method for r in emu.requests()] == ["GET", "PUT"]
+    assert emu.state_snapshot()["auth_enabled"] is True
+    assert httpx.get(emu.url + "/api/config", auth=(ADMIN, PASSWORD), timeout=5).status_code == 200
+
+
+def test_no_posture_write_when_nothing_drifted(emu: BifrostEmulator, tmp_path: Path) -> None:
+    seed_small(emu)
+    emu.set_client_config(**SAFE)
+    plan, config = make_plan(emu)
+    assert "posture_fix" not in {a.kind for a in plan.actions}
+    run(plan, config, tmp_path, allow_delete=False)
+    assert config_puts(emu) == []
+
+
+def test_posture_fixed_or_changed_since_the_plan_is_not_written(emu: BifrostEmulator, tmp_path: Path) -> None:
+    seed_small(emu)
+    plan, config = make_plan(emu, only=("posture_fix",))
+    emu.set_client_config(**SAFE)  # someone fixed it meanwhile
+    report = run(plan, config, tmp_path)
+    assert [r.outcome for r in report.results] == ["already-done"]
+    assert config_puts(emu) == []
+
+    seed_small(emu)
+    plan, config = make_plan(emu, only=("posture_fix",))
+    emu.set_client_config(log_retention_days=90)  # another setting changed: the plan's read is stale
+    report = run(plan, config, tmp_path)
+    assert [r.outcome for r in report.results] == ["stale"]
+    assert config_puts(emu) == []
+    assert emu.client_config()["drop_excess_requests"] is True
