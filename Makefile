@@ -24,7 +24,7 @@ demo: $(STAMP)
 	$(BIN)/gatewayscope demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check gatewayscope tests bench
+	$(BIN)/ruff check gatewayscope tests $(wildcard bench)
 	$(BIN)/mypy
 
 test: lint
