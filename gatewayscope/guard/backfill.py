@@ -38,6 +38,7 @@ from gatewayscope.errors import (
     UnreachableError,
 )
 from gatewayscope.guard import sqlite as sqlite_guard
+from gatewayscope.sources.rllm_http import error_message
 
 #: session ids per POST to a guarded gateway
 HTTP_BATCH = 5_000
@@ -117,7 +118,7 @@ class _GuardClient:
         except httpx.TransportError as err:
             raise UnreachableError(f"Cannot reach {self.base_url} ({err}); is the gateway running?") from None
         if response.status_code >= 400:
-            message = _error_message(response)
+            message = error_message(response)
             if response.status_code == 404:
                 raise NotFoundError(404, message, url=url)
             raise HTTPStatusError(response.status_code, message, url=url)
@@ -139,18 +140,6 @@ class _GuardClient:
         if not isinstance(body, dict) or not isinstance(body.get("tombstones"), int):
             raise BadResponseError(f"GET {self.base_url}/guard/status did not return the guard's status object.")
         return body
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:200] or response.reason_phrase
-    if isinstance(body, dict):
-        for key in ("error", "detail", "message"):
-            if key in body:
-                return str(body[key])
-    return str(body)[:200]
 
 
 def _batches(items: list[str], size: int) -> Iterator[list[str]]:

@@ -246,6 +246,37 @@ def _refusal(action: Action, err: HTTPStatusError) -> _Settled:
     return _Settled("refused", f"{err.message} ({err.status})")
 
 
+def _send_under_protocol(ctx: _Context, action: Action, result: ActionResult, *, what: str,
+                         send: Callable[[], str], reread: Callable[[], object],
+                         read_back: Callable[[Exception], None]) -> None:
+    """Send one write under rules 5-7; always ends by raising ``_Settled``.
+
+    ``send`` writes (built from the latest read) and returns the detail of a success. After a 5xx,
+    wait the next step of the schedule and ``reread`` (which settles gone / done / stale, or refreshes what
+    the next send is built from), then send again; with the schedule used up, or after no answer at all,
+    ``read_back`` decides (it must raise ``_Settled``) and nothing is sent again. A 4xx is a refusal.
+    """
+    schedule = list(ctx.options.retry_schedule)
+    while True:
+        result.sends += 1
+        ctx.attempt(action, result.sends, what)
+        try:
+            detail = send()
+        except (GatewayTimeoutError, UnreachableError) as err:
+            read_back(err)
+            raise _Settled("unconfirmed", str(err)) from None  # read_back always settles; a safety net
+        except HTTPStatusError as err:
+            if err.status < 500:
+                raise _refusal(action, err) from None
+            if not schedule:
+                read_back(err)
+                raise _Settled("unconfirmed", str(err)) from None
+            ctx.options.sleep(schedule.pop(0))
+            reread()
+            continue
+        raise _Settled("done", detail)
+
+
 def _shrink(ctx: _Context, action: Action, result: ActionResult) -> None:
     from gatewayscope.sources.bifrost import POOL_FIELDS, record_fingerprint
 
@@ -268,25 +299,20 @@ def _shrink(ctx: _Context, action: Action, result: ActionResult) -> None:
     record = fresh()
     if not ctx.options.yes:
         raise _Settled("would-write", f"{_concurrency(record)} -> {target_pool} workers")
-    schedule = list(ctx.options.retry_schedule)
-    while True:
-        body = pool_write_body(record, action.after)
-        result.sends += 1
-        ctx.attempt(action, result.sends, f"PUT pool {target_pool}/{action.after['buffer_size']}")
-        try:
-            answer = client.put_provider(action.subject, body, timeout=ctx.options.pool_write_timeout)
-        except (GatewayTimeoutError, UnreachableError) as err:
-            _read_back_pool(client, action, target_pool, err)
-        except HTTPStatusError as err:
-            if err.status >= 500 and schedule:
-                ctx.options.sleep(schedule.pop(0))
-                record = fresh()
-                continue
-            if err.status >= 500:
-                _read_back_pool(client, action, target_pool, err)
-            raise _refusal(action, err) from None
-        held = _concurrency(answer) if isinstance(answer, dict) else None
-        raise _Settled("done", f"now {held if held is not None else target_pool} workers")
+
+    def send() -> str:
+        answer = client.put_provider(action.subject, pool_write_body(record, action.after),
+                                     timeout=ctx.options.pool_write_timeout)
+        held = _concurrency(answer) if isinstance(answer, dict) else target_pool
+        return f"now {held} workers"
+
+    def reread() -> None:
+        nonlocal record
+        record = fresh()
+
+    _send_under_protocol(ctx, action, result, what=f"PUT pool {target_pool}/{action.after['buffer_size']}",
+                         send=send, reread=reread,
+                         read_back=lambda err: _read_back_pool(client, action, target_pool, err))
 
 
 def _read_back_pool(client: Any, action: Action, target_pool: int, err: Exception) -> None:
@@ -317,25 +343,17 @@ def _record_delete(ctx: _Context, action: Action, result: ActionResult) -> None:
     fresh()
     if not ctx.options.yes:
         raise _Settled("would-write", "DELETE")
-    schedule = list(ctx.options.retry_schedule)
-    while True:
-        result.sends += 1
-        ctx.attempt(action, result.sends, "DELETE record")
-        try:
-            client.delete_provider(action.subject)
-        except (GatewayTimeoutError, UnreachableError) as err:
-            fresh()  # read back: gone settles it as done
-            raise _Settled("unconfirmed", f"{err}; the record is still there") from None
-        except HTTPStatusError as err:
-            if err.status >= 500 and schedule:
-                ctx.options.sleep(schedule.pop(0))
-                fresh()
-                continue  # a DELETE is safe to send again: it never recreates anything
-            if err.status >= 500:
-                fresh()
-                raise _Settled("unconfirmed", str(err)) from None
-            raise _refusal(action, err) from None
-        raise _Settled("done", "deleted")
+
+    def send() -> str:
+        client.delete_provider(action.subject)
+        return "deleted"
+
+    def read_back(err: Exception) -> None:
+        fresh()  # gone settles it as done
+        raise _Settled("unconfirmed", f"{err}; the record is still there")
+
+    # a DELETE is safe to send again after a re-read: it never recreates anything
+    _send_under_protocol(ctx, action, result, what="DELETE record", send=send, reread=fresh, read_back=read_back)
 
 
 def _posture(ctx: _Context, action: Action, result: ActionResult) -> None:
@@ -360,27 +378,22 @@ def _posture(ctx: _Context, action: Action, result: ActionResult) -> None:
     client_config = fresh()
     if not ctx.options.yes:
         raise _Settled("would-write", ", ".join(f"{s} -> {action.after[s]}" for s in settings))
-    schedule = list(ctx.options.retry_schedule)
-    while True:
+
+    def send() -> str:
         # read-modify-write of the WHOLE client config: PUT copies most fields unconditionally
-        body = {"client_config": {**client_config, **{s: SAFE_POSTURE[s] for s in settings}}}
-        result.sends += 1
-        ctx.attempt(action, result.sends, "PUT client_config")
-        try:
-            client.put_config(body)
-        except (GatewayTimeoutError, UnreachableError) as err:
-            fresh()
-            raise _Settled("unconfirmed", f"{err}; the posture still drifts") from None
-        except HTTPStatusError as err:
-            if err.status >= 500 and schedule:
-                ctx.options.sleep(schedule.pop(0))
-                client_config = fresh()
-                continue
-            if err.status >= 500:
-                fresh()
-                raise _Settled("unconfirmed", str(err)) from None
-            raise _refusal(action, err) from None
-        raise _Settled("done", ", ".join(f"{s} = {SAFE_POSTURE[s]}" for s in settings))
+        client.put_config({"client_config": {**client_config, **{s: SAFE_POSTURE[s] for s in settings}}})
+        return ", ".join(f"{s} = {SAFE_POSTURE[s]}" for s in settings)
+
+    def reread() -> None:
+        nonlocal client_config
+        client_config = fresh()
+
+    def read_back(err: Exception) -> None:
+        fresh()
+        raise _Settled("unconfirmed", f"{err}; the posture still drifts")
+
+    _send_under_protocol(ctx, action, result, what="PUT client_config", send=send, reread=reread,
+                         read_back=read_back)
 
 
 # -- rLLM ------------------------------------------------------------------------------------------------
@@ -475,31 +488,23 @@ def _session_delete(ctx: _Context, action: Action, result: ActionResult) -> None
     fresh()
     if not ctx.options.yes:
         raise _Settled("would-write", "DELETE session")
-    schedule = list(ctx.options.retry_schedule)
-    while True:
-        result.sends += 1
-        ctx.attempt(action, result.sends, "DELETE session")
-        try:
-            if target.path:
+
+    def send() -> str:
+        if target.path:
+            try:
                 deleted = delete_session_rows(target.path, action.subject, timeout=target.timeout_seconds)
-            else:
-                body = ctx.rllm(action.target).request("DELETE", session_path(action.subject))
-                deleted = int(body.get("deleted", 0)) if isinstance(body, dict) else 0
-        except (GatewayTimeoutError, UnreachableError) as err:
-            fresh()
-            raise _Settled("unconfirmed", f"{err}; the session is still there") from None
-        except HTTPStatusError as err:
-            if err.status >= 500 and schedule:
-                ctx.options.sleep(schedule.pop(0))
-                fresh()
-                continue
-            if err.status >= 500:
-                fresh()
+            except SourceError as err:
                 raise _Settled("unconfirmed", str(err)) from None
-            raise _Settled("refused", f"{err.message} ({err.status})") from None
-        except SourceError as err:
-            raise _Settled("unconfirmed", str(err)) from None
-        raise _Settled("done", f"deleted ({deleted} trace(s))")
+        else:
+            body = ctx.rllm(action.target).request("DELETE", session_path(action.subject))
+            deleted = int(body.get("deleted", 0)) if isinstance(body, dict) else 0
+        return f"deleted ({deleted} trace(s))"
+
+    def read_back(err: Exception) -> None:
+        fresh()
+        raise _Settled("unconfirmed", f"{err}; the session is still there")
+
+    _send_under_protocol(ctx, action, result, what="DELETE session", send=send, reread=fresh, read_back=read_back)
 
 
 _EXECUTORS: dict[str, Callable[[_Context, Action, ActionResult], None]] = {

@@ -80,7 +80,7 @@ class RllmClient:
         except httpx.HTTPError as err:
             raise SourceError(f"{method} {url} failed: {err}") from None
         if response.status_code >= 400:
-            message = _error_message(response)
+            message = error_message(response)
             error_type = NotFoundError if response.status_code == 404 else HTTPStatusError
             raise error_type(response.status_code, message, url=f"{method} {url}")
         try:
@@ -102,7 +102,8 @@ class RllmClient:
         return set(paths) if isinstance(paths, dict) else set()
 
 
-def _error_message(response: httpx.Response) -> str:
+def error_message(response: httpx.Response) -> str:
+    """The sentence in an error answer: its ``error``/``detail``/``message`` field, else the text."""
     try:
         body = response.json()
     except ValueError:
