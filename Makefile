@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "gatewayscope needs Python >= 3.10")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,gateway]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,gateway,notebook]'
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import threading
+from types import FrameType
 from typing import Any
 
 from gatewayscope.config import load_config
@@ -16,23 +17,27 @@ from gatewayscope.scan import scan_report, take_snapshot
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="start a sandbox (real rLLM gateways with real stragglers, a Bifrost emulator) and scan it",
+        help="start a sandbox (real rLLM gateways with real stragglers, a Bifrost emulator, the exporter) "
+             "and scan it",
         description=(
             "Start a stub inference worker, two real rllm-model-gateway processes (memory and SQLite store) "
             "and the Bifrost emulator on free loopback ports; drive rollouts whose late calls land after "
-            "their session was deleted, so real orphans appear; then scan everything and print what was "
-            "found. Keeps running (so you can point other commands at it) until Ctrl-C, which stops "
-            "everything it started; --once stops right after the scan."
+            "their session was deleted, so real orphans appear; start the Prometheus exporter against the "
+            "sandbox; then scan everything and print what was found, where /metrics is, the remediation plan "
+            "the findings call for (written to a file, never applied) and the command that opens the "
+            "notebooks. Keeps running (so you can point other commands, Prometheus and the notebooks at it) "
+            "until Ctrl-C or SIGTERM, which stop everything it started; --once stops right after printing."
         ),
     )
-    parser.add_argument("--once", action="store_true", help="stop everything after printing the scan")
+    parser.add_argument("--once", action="store_true", help="stop everything after printing the scan and the plan")
     parser.add_argument("--workdir", metavar="DIR",
-                        help="where the SQLite store and the sandbox config go (default: a temporary folder, "
-                             "removed at the end)")
+                        help="where the SQLite store, the sandbox config and the plan go (default: a temporary "
+                             "folder, removed at the end)")
     parser.add_argument("--rollouts", type=int, default=30, metavar="N", help="rollouts per gateway (default 30)")
     parser.add_argument("--stragglers", type=int, default=10, metavar="N",
                         help="rollouts with a call still in flight at delete time (default 10)")
     parser.add_argument("--no-bifrost", action="store_true", help="do not start the Bifrost emulator")
+    parser.add_argument("--no-exporter", action="store_true", help="do not start the Prometheus exporter")
     parser.set_defaults(func=run_demo)
 
 
@@ -41,16 +46,21 @@ def _say(message: str) -> None:
     sys.stderr.flush()
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM takes the same way out as Ctrl-C: stop everything the demo started."""
+    raise KeyboardInterrupt
+
+
 def run_demo(args: argparse.Namespace) -> int:
-    from gatewayscope.sandbox.demo import Sandbox
+    from gatewayscope.sandbox.demo import Sandbox, demo_plan, notebook_command, plan_preview
 
     if args.stragglers > args.rollouts or args.rollouts < 1 or args.stragglers < 0:
         sys.stderr.write("gatewayscope: --stragglers must be between 0 and --rollouts (>= 1)\n")
         return 2
     sandbox = Sandbox(args.workdir, rollouts=args.rollouts, stragglers=args.stragglers,
-                      with_bifrost=not args.no_bifrost, say=_say)
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+                      with_bifrost=not args.no_bifrost, with_exporter=not args.no_exporter, say=_say)
+    previous = {sig: signal.signal(sig, handler) for sig, handler in
+                ((signal.SIGTERM, _interrupt), (signal.SIGINT, signal.default_int_handler))}
     try:
         run = sandbox.start()
         _say("waiting for the orphans to go idle past the sandbox's threshold")
@@ -58,24 +68,55 @@ def run_demo(args: argparse.Namespace) -> int:
         config = load_config(run.config_path)
         snapshot = take_snapshot(config)
         report = scan_report(snapshot, config)
-        sys.stdout.write(render("scan.txt.j2", report=report, show_orphans=5))
+        out = sys.stdout
+        out.write(render("scan.txt.j2", report=report, show_orphans=5))
         expected = sum(len(v) for v in run.expected_orphans.values())
-        sys.stdout.write(
-            f"\nThe rollouts left {expected} stragglers behind as orphans "
-            f"({', '.join(f'{k}: {len(v)}' for k, v in run.expected_orphans.items())}).\n"
-            f"Sandbox config: {run.config_path}\n"
-            f"Try: gatewayscope scan --config {run.config_path} --format json\n"
+        out.write(f"\nThe rollouts left {expected} stragglers behind as orphans "
+                  f"({', '.join(f'{k}: {len(v)}' for k, v in run.expected_orphans.items())}).\n")
+
+        out.write("\nSandbox (loopback):\n")
+        for name, url in run.endpoints().items():
+            out.write(f"  {name + ':':18s}{url}\n")
+        if run.sqlite_path:
+            out.write(f"  {'SQLite store:':18s}{run.sqlite_path}\n")
+        out.write(f"  {'config:':18s}{run.config_path}\n")
+        if run.exporter_url:
+            out.write(f"\nPrometheus metrics: {run.exporter_url}/metrics  (one target: "
+                      f"{run.exporter_url}/probe?target=bifrost; landing page {run.exporter_url}/)\n")
+
+        plan_path = run.workdir / "plan.json"
+        plan = demo_plan(snapshot, config, out=plan_path)
+        out.write("\nThe plan these findings call for (written, NOT applied):\n")
+        out.write(plan_preview(plan))
+        deletes = " --allow-delete" if any(a.destructive for a in plan.actions) else ""
+        out.write(
+            f"Plan file: {plan_path}\n"
+            f"  review:   gatewayscope show {plan_path}\n"
+            f"  dry run:  gatewayscope apply {plan_path} --config {run.config_path}\n"
+            f"  apply:    gatewayscope apply {plan_path} --config {run.config_path} --yes{deletes}\n"
+            f"\nNotebooks (triage, remediate) on this sandbox:\n  {notebook_command(run.config_path)}\n"
+            f"Scan again: gatewayscope scan --config {run.config_path}\n"
         )
+        if args.once and not args.workdir:
+            out.write("(--once: the sandbox's temporary folder, its config and plan go when the demo stops; "
+                      "--workdir DIR keeps them.)\n")
         if args.once:
+            out.flush()
             return 0
-        sys.stdout.write("The sandbox keeps running; press Ctrl-C to stop everything it started.\n")
-        sys.stdout.flush()
-        while not stop.wait(0.5):
+        out.write("\nThe sandbox keeps running; press Ctrl-C to stop everything it started.\n")
+        out.flush()
+        idle = threading.Event()
+        while not idle.wait(1.0):  # until Ctrl-C or SIGTERM raises KeyboardInterrupt
             pass
         return 0
     except KeyboardInterrupt:
         return 0
     finally:
+        # a second Ctrl-C must not cut the shutdown short and leave processes behind
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         _say("stopping the sandbox")
         sandbox.stop()
-        signal.signal(signal.SIGTERM, previous)
+        _say("stopped everything it started")
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,145 @@
+"""``gatewayscope demo`` as a user runs it: a real process that starts the whole sandbox (stub worker, two real
+rLLM gateways, the Bifrost emulator, the exporter), prints where everything is and the plan it would apply,
+and stops everything it started: right away with ``--once``, on Ctrl-C (SIGINT) or SIGTERM otherwise.
+
+"Everything stopped" is checked from the outside: every port the demo printed refuses connections afterwards,
+and no process whose command line names the demo's work folder (the SQLite gateway, the exporter) is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gatewayscope.remediate.plan import load_plan
+
+pytestmark = pytest.mark.e2e
+
+DEMO = [sys.executable, "-c", "from gatewayscope.cli import run; run()", "demo", "--rollouts", "6",
+        "--stragglers", "2"]
+URL = re.compile(r"^\s+(stub worker|rllm-memory|rllm-sqlite|bifrost emulator|exporter):\s+(http://127\.0\.0\.1:\d+)\s*$",
+                 re.MULTILINE)
+
+
+@pytest.fixture(autouse=True)
+def _needs_the_gateway() -> None:
+    pytest.importorskip("rllm_model_gateway", reason="needs the 'gateway' extra (rllm-model-gateway)")
+
+
+def endpoints(stdout: str) -> dict[str, str]:
+    """The parts the demo printed under 'Sandbox (loopback):', by name."""
+    return dict(URL.findall(stdout))
+
+
+def port_open(url: str) -> bool:
+    host, port = url.rsplit("/", 1)[-1].split(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def processes_naming(text: str) -> list[str]:
+    """Command lines of running processes that contain ``text`` (this test's own process excluded)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append(cmdline)
+    return found
+
+
+def assert_all_stopped(parts: dict[str, str], workdir: Path) -> None:
+    assert set(parts) == {"stub worker", "rllm-memory", "rllm-sqlite", "bifrost emulator", "exporter"}, parts
+    still = {name: url for name, url in parts.items() if port_open(url)}
+    assert still == {}, f"still listening after the demo stopped: {still}"
+    assert processes_naming(str(workdir)) == []
+
+
+def test_demo_once_prints_everything_and_stops_cleanly(tmp_path: Path) -> None:
+    workdir = tmp_path / "sandbox"
+    done = subprocess.run([*DEMO, "--once", "--workdir", str(workdir)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = done.stdout
+    parts = endpoints(out)
+    assert_all_stopped(parts, workdir)
+
+    # what it found, where /metrics is, the plan it would apply (written, never applied), the notebooks
+    assert "Orphan sessions: 0 confirmed, 2 suspected" in out
+    assert f"Prometheus metrics: {parts['exporter']}/metrics" in out
+    plan = load_plan(workdir / "plan.json")
+    assert f"Plan {plan.id}" in out
+    assert {a.kind for a in plan.actions} == {"session_delete", "posture_fix", "pool_shrink", "record_delete"}
+    assert "written, NOT applied" in out and not list(workdir.glob("*.journal*"))
+    assert re.search(r"jupyter lab \S*notebooks", out)
+    assert f"GATEWAYSCOPE_CONFIG={workdir / 'gatewayscope.toml'}" in out
+    assert "stopped everything it started" in done.stderr
+
+
+@contextlib.contextmanager
+def running_demo(workdir: Path, log: Path) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """Start the demo without --once; collect its stdout lines in a thread; kill its group if a test fails."""
+    with open(log, "w") as errors:
+        proc = subprocess.Popen([*DEMO, "--workdir", str(workdir)], stdout=subprocess.PIPE, stderr=errors,
+                                text=True, start_new_session=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")),  # type: ignore[union-attr]
+                                  daemon=True)
+        reader.start()
+        try:
+            yield proc, lines
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            reader.join(timeout=10)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_everything_the_running_demo_started(tmp_path: Path, signum: int) -> None:
+    workdir = tmp_path / "sandbox"
+    log = tmp_path / "demo.stderr"
+    with running_demo(workdir, log) as (proc, lines):
+        deadline = time.monotonic() + 240
+        while not any("keeps running" in line for line in lines):
+            assert proc.poll() is None, f"the demo exited early:\n{log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"the demo did not come up:\n{log.read_text()[-4000:]}"
+            time.sleep(0.1)
+        parts = endpoints("".join(lines))
+        assert all(port_open(url) for url in parts.values()), parts
+
+        # the exporter it started serves the sandbox's targets
+        exporter = parts["exporter"]
+        deadline = time.monotonic() + 60
+        while True:
+            metrics = httpx.get(f"{exporter}/metrics", timeout=30).text
+            up = dict(re.findall(r'^gatewayscope_up\{kind="\w+",target="([\w-]+)"\} (\S+)$', metrics, re.MULTILINE))
+            if up == {"rllm-memory": "1.0", "rllm-sqlite": "1.0", "bifrost": "1.0"} or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert up == {"rllm-memory": "1.0", "rllm-sqlite": "1.0", "bifrost": "1.0"}, metrics[:2000]
+
+        proc.send_signal(signum)
+        assert proc.wait(timeout=60) == 0, log.read_text()[-4000:]
+    assert_all_stopped(parts, workdir)
+    assert "stopped everything it started" in log.read_text()

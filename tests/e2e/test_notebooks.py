@@ -1,0 +1,333 @@
+"""Both notebooks, executed unattended by papermill on a real Jupyter kernel, against a running sandbox.
+
+The sandbox (:class:`gatewayscope.sandbox.demo.Sandbox`) runs the stub worker, two real rLLM gateways with
+real stragglers, and the Bifrost emulator as its own process. The triage notebook scans it and exports a
+snapshot; the remediate notebook is given a plan made beforehand with the core (as CI or a runbook would with
+``gatewayscope plan``), runs once as a dry run (no ``confirm``), then once with ``confirm`` set to the plan id's
+prefix and ``confirm_deletes`` to the number of deletes. The assertions are on outcomes: the exported
+snapshot's findings, the gateways' sessions, the emulator's records and posture, the journal, and the widget
+state the executed notebook keeps. The executed remediate notebook is rendered to HTML and photographed in
+headless Chromium; the PNG, the HTML and the executed notebooks are kept under ``artifacts/notebooks/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gatewayscope.config import Policy, load_config
+from gatewayscope.remediate.journal import Journal
+from gatewayscope.remediate.plan import Plan, build_plan
+from gatewayscope.scan import scan_report, take_snapshot
+from gatewayscope.snapshot import Snapshot
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+ARTIFACTS = ROOT / "artifacts" / "notebooks"
+KERNEL_NAME = "gatewayscope-test-python3"
+TAIL = "0 refused, 0 unconfirmed, 0 gone, 0 stale, 0 already-done"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+N_ROLLOUTS, N_STRAGGLERS = 8, 3
+
+
+# -- a real kernel -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kernel_name(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A kernelspec that runs THIS interpreter (the venv's) with ipykernel, found first on JUPYTER_PATH.
+
+    Not the ``python3`` spec the kernel package installs, whose ``argv[0]`` is a bare ``python`` that a
+    machine may resolve to another interpreter without gatewayscope.
+    """
+    pytest.importorskip("ipykernel", reason="the notebooks run on ipykernel")
+    pytest.importorskip("papermill", reason="the notebooks are executed with papermill")
+    root = tmp_path_factory.mktemp("jupyter-path")
+    spec = root / "kernels" / KERNEL_NAME
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "gatewayscope tests (venv)", "language": "python",
+    }))
+    previous = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = str(root) + (os.pathsep + previous if previous else "")
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        assert KernelSpecManager().get_kernel_spec(KERNEL_NAME).argv[0] == sys.executable
+        yield KERNEL_NAME
+    finally:
+        if previous is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = previous
+
+
+def execute(notebook: str, out: Path, kernel: str, **parameters: Any) -> Any:
+    """Run ``notebooks/<notebook>`` with papermill on ``kernel``; return the executed notebook (nbformat)."""
+    import nbformat
+    import papermill
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    papermill.execute_notebook(str(NOTEBOOKS / notebook), str(out), parameters=parameters, kernel_name=kernel,
+                               cwd=str(out.parent), progress_bar=False, execution_timeout=240)
+    return nbformat.read(str(out), as_version=4)
+
+
+# -- the sandbox and the runs --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    pytest.importorskip("rllm_model_gateway", reason="needs the 'gateway' extra (rllm-model-gateway)")
+    from gatewayscope.sandbox.demo import Sandbox
+
+    box = Sandbox(tmp_path_factory.mktemp("sandbox"), rollouts=N_ROLLOUTS, stragglers=N_STRAGGLERS,
+                  bifrost_seed="small", say=lambda _m: None)
+    box.start()
+    try:
+        box.wait_until_idle()
+        yield box
+    finally:
+        box.stop()
+    assert not any(box.running().values())
+
+
+def emulator_state(sandbox: Any) -> dict[str, Any]:
+    return dict(httpx.get(f"{sandbox.run.bifrost_url}/_emulator/state", timeout=10).json())
+
+
+def over_policy(state: dict[str, Any], policy: Policy) -> list[str]:
+    """Records the emulator stores with more workers than their kind's pool."""
+    def pool(row: dict[str, Any]) -> int:
+        custom = row["kind"] == "custom" or row["name"].endswith("__anthropic")
+        return policy.custom_pool if custom else policy.standard_pool
+    return sorted(row["name"] for row in state["records"] if row["concurrency"] > pool(row))
+
+
+def sessions(url: str) -> dict[str, int]:
+    return {row["session_id"]: row["trace_count"] for row in httpx.get(f"{url}/sessions", timeout=10).json()}
+
+
+def gateway_urls(sandbox: Any) -> dict[str, str]:
+    return {"rllm-memory": sandbox.run.memory_gateway_url, "rllm-sqlite": sandbox.run.sqlite_gateway_url}
+
+
+@dataclass
+class Triaged:
+    notebook: Any
+    snapshot_dir: Path
+
+
+@dataclass
+class Remediated:
+    plan: Plan
+    before: dict[str, Any]
+    dry_run: Any
+    dry_run_state: dict[str, Any]
+    dry_run_sessions: dict[str, dict[str, int]]
+    dry_run_journaled: bool
+    notebook: Any
+    notebook_path: Path
+    journal: Path
+
+
+@pytest.fixture(scope="module")
+def triaged(sandbox: Any, kernel_name: str, tmp_path_factory: pytest.TempPathFactory) -> Triaged:
+    out = tmp_path_factory.mktemp("triage")
+    notebook = execute("triage.ipynb", ARTIFACTS / "triage.ipynb", kernel_name,
+                       config_path=str(sandbox.run.config_path), export_dir=str(out / "snapshot"))
+    return Triaged(notebook=notebook, snapshot_dir=out / "snapshot")
+
+
+@pytest.fixture(scope="module")
+def remediated(sandbox: Any, triaged: Triaged, kernel_name: str,
+               tmp_path_factory: pytest.TempPathFactory) -> Remediated:
+    """Plan with the core (as CI does with 'gatewayscope plan'), then the notebook: a dry run, a real apply."""
+    work = tmp_path_factory.mktemp("remediate")
+    config = load_config(sandbox.run.config_path)
+    plan = build_plan(take_snapshot(config), config, include_suspected=True, include_deletes=True)
+    plan_path = plan.save(work / "plan.json")
+    journal = work / "journal.jsonl"
+    before = emulator_state(sandbox)
+    common = {"config_path": str(sandbox.run.config_path), "plan_path": str(plan_path), "journal_path": str(journal)}
+
+    dry_run = execute("remediate.ipynb", ARTIFACTS / "remediate-dry-run.ipynb", kernel_name, **common)
+    dry_state = emulator_state(sandbox)
+    dry_sessions = {name: sessions(url) for name, url in gateway_urls(sandbox).items()}
+    dry_journaled = journal.exists()
+
+    deletes = sum(1 for a in plan.actions if a.destructive)
+    path = ARTIFACTS / "remediate.ipynb"
+    notebook = execute("remediate.ipynb", path, kernel_name, **common, confirm=plan.id[:12],
+                       confirm_deletes=str(deletes))
+    return Remediated(plan=plan, before=before, dry_run=dry_run, dry_run_state=dry_state,
+                      dry_run_sessions=dry_sessions, dry_run_journaled=dry_journaled, notebook=notebook,
+                      notebook_path=path, journal=journal)
+
+
+def stream_text(notebook: Any) -> str:
+    return "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code"
+                   for o in c.get("outputs", []) if o.get("output_type") == "stream")
+
+
+def widget_models(notebook: Any) -> list[dict[str, Any]]:
+    state = notebook.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    return list(state.values())
+
+
+# -- triage --------------------------------------------------------------------------------------------------
+
+
+def test_triage_finds_the_real_orphans_and_exports_a_snapshot(sandbox: Any, triaged: Triaged) -> None:
+    snapshot = Snapshot.load(triaged.snapshot_dir)
+    config = load_config(sandbox.run.config_path)
+    report = scan_report(snapshot, config)
+    assert json.loads((triaged.snapshot_dir / "report.json").read_text())["targets"] == \
+        json.loads(json.dumps(report["targets"], default=str))
+    by_name = {t["name"]: t for t in report["targets"]}
+    assert all(t["up"] for t in report["targets"]), report
+    for name, expected in sandbox.run.expected_orphans.items():
+        found = sorted(s["session_id"] for s in by_name[name]["orphan_sessions"])
+        assert found == sorted(expected), name  # the stragglers, and no live session
+        assert len(expected) == N_STRAGGLERS
+    bifrost = by_name["bifrost"]
+    state = emulator_state(sandbox)
+    assert sum(bifrost["parked_workers"].values()) == state["totals"]["parked_workers"]
+    assert sum(bifrost["records_over_pool"].values()) == len(over_policy(state, config.policy))
+    assert bifrost["posture_drift"] == ["drop_excess_requests", "enforce_auth_on_inference",
+                                        "disable_content_logging"]
+    # the notebook showed the same: its snapshot view's widgets kept the sections it rendered
+    html = " ".join(str(m["state"].get("value", "")) for m in widget_models(triaged.notebook)
+                    if m["model_name"] == "HTMLModel")
+    assert all(uid in html for uids in sandbox.run.expected_orphans.values() for uid in uids)
+    assert "DRIFTED" in html
+
+
+# -- remediate -----------------------------------------------------------------------------------------------
+
+
+def test_remediate_dry_run_then_apply_with_the_confirmation_parameter(sandbox: Any, remediated: Remediated) -> None:
+    plan = remediated.plan
+    config = load_config(sandbox.run.config_path)
+    kinds = {a.kind for a in plan.actions}
+    assert kinds == {"session_delete", "posture_fix", "pool_shrink", "record_delete"}
+    planned_sessions = sorted(a.subject for a in plan.actions if a.kind == "session_delete")
+    assert planned_sessions == sorted(u for uids in sandbox.run.expected_orphans.values() for u in uids)
+
+    # the dry run wrote nothing: same records, same posture, same sessions, no journal line
+    assert remediated.dry_run_state["records"] == remediated.before["records"]
+    assert remediated.dry_run_state["posture"] == remediated.before["posture"]
+    for name, found in remediated.dry_run_sessions.items():
+        assert set(sandbox.run.expected_orphans[name]) <= set(found)
+    assert f"Dry run, nothing was sent: {len(plan.actions)} would-write." in stream_text(remediated.dry_run)
+    assert f"set confirm = '{plan.id[:8]}'" in stream_text(remediated.dry_run)
+    assert not remediated.dry_run_journaled
+
+    # the apply: orphans gone (a fresh scan), live sessions intact, pools at policy, posture fixed
+    snapshot = take_snapshot(config)
+    report = scan_report(snapshot, config)
+    for target in report["targets"]:
+        assert target["up"], target
+        if target["kind"] == "rllm":
+            assert target["orphans"] == {"confirmed": 0, "suspected": 0}, target["name"]
+    for name, url in gateway_urls(sandbox).items():
+        now = sessions(url)
+        assert not set(sandbox.run.expected_orphans[name]) & set(now)
+        assert {s: now[s] for s in sandbox.run.live_sessions[name]} == sandbox.run.live_sessions[name]
+    state = emulator_state(sandbox)
+    assert over_policy(state, config.policy) == []
+    assert state["posture"] == {"drop_excess_requests": False, "enforce_auth_on_inference": True,
+                                "disable_content_logging": True}
+    deleted = {a.subject for a in plan.actions if a.kind == "record_delete"}
+    assert deleted and not deleted & {row["name"] for row in state["records"]}
+    assert state["totals"]["parked_workers"] < remediated.before["totals"]["parked_workers"]
+
+    # the journal: one outcome per action, all done, and the closing tally
+    journal = Journal(remediated.journal)
+    outcomes = journal.outcomes(plan.id)
+    assert sorted(outcomes) == sorted(a.id for a in plan.actions)
+    assert {r["outcome"] for r in outcomes.values()} == {"done"}
+    ends = [r for r in journal.read() if r.get("event") == "apply-end" and r.get("plan_id") == plan.id]
+    assert [e["tally"]["done"] for e in ends] == [len(plan.actions)]
+
+    # the executed notebook is the record: the tally, the verification, the live progress bar at its end
+    text = stream_text(remediated.notebook)
+    assert f"{len(plan.actions)} done, {TAIL}" in text
+    models = widget_models(remediated.notebook)
+    bars = [m["state"] for m in models if m["model_name"] == "IntProgressModel"]
+    assert [(b["value"], b["max"]) for b in bars] == [(len(plan.actions), len(plan.actions))]
+    assert any(f"{len(plan.actions)} done, {TAIL}" in str(m["state"].get("value", "")) for m in models
+               if m["model_name"] == "HTMLModel")
+
+
+# -- the screenshot ------------------------------------------------------------------------------------------
+
+
+def chromium_binary() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    if os.environ.get("CI"):
+        pytest.fail("headless Chromium is needed for the notebook screenshot (.ci/run installs 'chromium')")
+    pytest.skip("headless Chromium not installed (apt-get install chromium)")
+
+
+def run_chromium(args: list[str], profile: Path, timeout: float = 120.0) -> str:
+    """Run headless Chromium once (own process group, fresh profile); return its stdout. Leaves nothing behind."""
+    argv = [chromium_binary(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-dev-shm-usage", f"--user-data-dir={profile}", *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # helpers (zygote, renderers) go with it
+        proc.wait()
+    assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+    return out.decode(errors="replace")
+
+
+def test_screenshot_of_the_executed_notebook_shows_the_plan_and_the_tally(remediated: Remediated,
+                                                                         tmp_path: Path) -> None:
+    from nbconvert import HTMLExporter
+    from PIL import Image
+
+    notebook = remediated.notebook
+    plan = remediated.plan
+    assert WIDGET_STATE in notebook.metadata.get("widgets", {}), "papermill must save the widget state"
+    body, _ = HTMLExporter(template_name="lab").from_notebook_node(notebook)
+    assert WIDGET_STATE in body  # the widget state travels with the page
+    page = ARTIFACTS / "remediate.html"
+    page.write_text(body)
+
+    dom = run_chromium(["--virtual-time-budget=5000", "--dump-dom", page.as_uri()], tmp_path / "profile-dom")
+    assert '<table class="actions">' in dom  # plan.html.j2's action table, as 'gatewayscope show' renders it
+    assert all(f"<td>{a.id}</td>" in dom for a in plan.actions)
+    assert f"{len(plan.actions)} done, {TAIL}" in dom  # the tally
+
+    shot = ARTIFACTS / "remediate.png"
+    shot.unlink(missing_ok=True)
+    run_chromium(["--hide-scrollbars", "--window-size=1280,7000", "--virtual-time-budget=5000",
+                  f"--screenshot={shot}", page.as_uri()], tmp_path / "profile-shot")
+    assert shot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    with Image.open(shot) as image:
+        assert image.size == (1280, 7000)
+        colours = image.convert("RGB").resize((320, 1750)).getcolors(maxcolors=1_000_000)
+    assert colours is not None and len(colours) > 100, "the screenshot is (almost) blank"
