@@ -206,9 +206,13 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
         sessions = frame_from_rows(rows, SESSIONS_SCHEMA)
 
         current_weight: int | None = None
-        if capabilities["weight_version"]:
-            body = client.request("GET", "/admin/weight_version")
+        if capabilities["weight_version"] or not paths:  # no OpenAPI document: ask, a 404 means no feature
+            try:
+                body = client.request("GET", "/admin/weight_version")
+            except NotFoundError:
+                body = None
             current_weight = _as_int(body.get("weight_version")) if isinstance(body, dict) else None
+            capabilities["weight_version"] = current_weight is not None
 
         # always asked: the guard's routes need not appear in the OpenAPI document; a 404 means no guard
         guard = read_guard_status(client)

@@ -110,3 +110,19 @@ def test_transport_failures_are_typed_sentences() -> None:
 def test_session_path_escapes_odd_ids() -> None:
     assert session_path("a/b c:1") == "/sessions/a%2Fb%20c%3A1"
     assert session_path("../admin") == "/sessions/..%2Fadmin"
+
+
+def test_without_openapi_the_optional_routes_are_probed_directly() -> None:
+    sessions = [{"session_id": "a:0", "trace_count": 2, "created_at": NOW, "metadata": {}}]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/sessions":
+            return httpx.Response(200, json=sessions)
+        if request.url.path == "/admin/weight_version":
+            return httpx.Response(200, json={"weight_version": 12})
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    data = read_trace_store_http(TARGET, Policy(), now=NOW, transport=httpx.MockTransport(handler))
+    assert data.current_weight_version == 12
+    assert data.capabilities["weight_version"] is True and data.capabilities["openapi"] is False
+    assert data.guard is None
