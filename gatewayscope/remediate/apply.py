@@ -465,25 +465,99 @@ def delete_session_rows(path: str, session_id: str, *, timeout: float = 10.0) ->
         conn.close()
 
 
+def _check_session(ctx: _Context, action: Action, sends: int) -> list[str]:
+    """Re-read a session before (or after) deleting it: gone settles it; before any send, a session whose
+    traces are not the ones planned against is ``stale`` (it may be live). Returns its trace ids."""
+    target = ctx.target(action.target)
+    if target.path:
+        ids = _session_traces_sqlite(target.path, action.subject, target.timeout_seconds)
+    else:
+        ids = _session_traces_http(ctx, action)
+    if not ids:
+        raise _Settled("already-done" if sends == 0 else "done", "the session is gone")
+    # compare the trace ids only when the plan read them (a plan may know just the count)
+    planned_ids = ids if action.details.get("trace_ids") is not None else None
+    if sends == 0 and session_fingerprint(len(ids), planned_ids) != action.fingerprint:
+        planned = action.before.get("trace_count")
+        raise _Settled("stale", f"the session now has {len(ids)} trace(s), not the {planned} it was planned "
+                                "with: it may be live; not deleted")
+    return ids
+
+
+#: session ids per POST /sessions/batch_delete (gateways that have it)
+DELETE_BATCH = 50
+
+
+def _session_delete_batch(ctx: _Context, actions: list[Action]) -> list[ActionResult]:
+    """Session deletes through ``POST /sessions/batch_delete``, under the same protocol as one delete.
+
+    Every session is re-read first (gone / stale settle it alone); the rest go in one call. After a 5xx
+    the batch waits the schedule, re-reads each session (gone ones are done) and sends the rest again;
+    after no answer each is read back and nothing is sent again.
+    """
+    from gatewayscope.sources.rllm_http import RllmClient
+
+    results = {a.id: ActionResult(a.id, a.kind, a.target, a.subject, outcome="unconfirmed") for a in actions}
+
+    def settle(action: Action, outcome: str, detail: str) -> None:
+        results[action.id].outcome, results[action.id].detail = outcome, detail
+
+    def still_there(batch: list[Action], err: Exception | None) -> list[Action]:
+        remaining = []
+        for action in batch:
+            try:
+                _check_session(ctx, action, results[action.id].sends)
+                remaining.append(action)
+            except _Settled as settled:
+                settle(action, settled.outcome, settled.detail)
+            except GatewayscopeError as read_err:
+                settle(action, "unconfirmed", f"{err or 'read'}; read-back failed: {read_err}")
+        return remaining
+
+    live = still_there(actions, None)
+    if not ctx.options.yes:
+        for action in live:
+            settle(action, "would-write", "DELETE session (batch)")
+        return [results[a.id] for a in actions]
+    client: RllmClient = ctx.rllm(actions[0].target)
+    schedule = list(ctx.options.retry_schedule)
+    while live:
+        for action in live:
+            results[action.id].sends += 1
+            ctx.attempt(action, results[action.id].sends, f"POST /sessions/batch_delete ({len(live)} ids)")
+        try:
+            body = client.request("POST", "/sessions/batch_delete",
+                                  json_body={"session_ids": [a.subject for a in live]})
+        except (GatewayTimeoutError, UnreachableError) as err:
+            for action in still_there(live, err):
+                settle(action, "unconfirmed", f"{err}; the session is still there")
+            break
+        except HTTPStatusError as err:
+            if err.status < 500:
+                for action in live:
+                    settle(action, "refused", f"{err.message} ({err.status})")
+                break
+            if not schedule:
+                for action in still_there(live, err):
+                    settle(action, "unconfirmed", str(err))
+                break
+            ctx.options.sleep(schedule.pop(0))
+            live = still_there(live, err)
+            continue
+        deleted = body.get("deleted") if isinstance(body, dict) else None
+        for action in live:
+            settle(action, "done", f"deleted in a batch of {len(live)} ({deleted} trace(s) in all)")
+        break
+    return [results[a.id] for a in actions]
+
+
 def _session_delete(ctx: _Context, action: Action, result: ActionResult) -> None:
     from gatewayscope.sources.rllm_http import session_path
 
     target = ctx.target(action.target)
 
     def fresh() -> list[str]:
-        if target.path:
-            ids = _session_traces_sqlite(target.path, action.subject, target.timeout_seconds)
-        else:
-            ids = _session_traces_http(ctx, action)
-        if not ids:
-            raise _Settled("already-done" if result.sends == 0 else "done", "the session is gone")
-        # compare the trace ids only when the plan read them (a plan may know just the count)
-        planned_ids = ids if action.details.get("trace_ids") is not None else None
-        if result.sends == 0 and session_fingerprint(len(ids), planned_ids) != action.fingerprint:
-            planned = action.before.get("trace_count")
-            raise _Settled("stale", f"the session now has {len(ids)} trace(s), not the {planned} it was planned "
-                                    "with: it may be live; not deleted")
-        return ids
+        return _check_session(ctx, action, result.sends)
 
     fresh()
     if not ctx.options.yes:
@@ -531,11 +605,15 @@ def _run_action(ctx: _Context, action: Action) -> ActionResult:
         # a read before any write failed: nothing of ours is under way
         result.outcome = "unconfirmed"
         result.detail = f"{'after sending: ' if result.sends else 'nothing sent: '}{err}"
+    _journal_outcome(ctx, action, result)
+    return result
+
+
+def _journal_outcome(ctx: _Context, action: Action, result: ActionResult) -> None:
     if ctx.journal is not None and ctx.options.yes and result.outcome in OUTCOMES:
         ctx.journal.append("outcome", plan_id=ctx.plan.id, action_id=action.id, kind=action.kind,
                            target=action.target, subject=action.subject, outcome=result.outcome,
                            detail=result.detail, sends=result.sends)
-    return result
 
 
 def apply_plan(
@@ -591,19 +669,21 @@ def apply_plan(
     stop = threading.Event()
     lock = threading.Lock()
 
-    def work(action: Action) -> ActionResult:
-        nonlocal errors
+    def blocked(action: Action) -> ActionResult | None:
+        """The reason an action is not run now, as a ``skipped`` result, or None."""
         if stop.is_set():
             return ActionResult(action.id, action.kind, action.target, action.subject, "skipped",
                                 report.stopped_early or "stopped")
         if action.kind == "session_delete" and action.target in unguarded_deletes:
-            result = ActionResult(action.id, action.kind, action.target, action.subject, "skipped",
-                                  "its target's tombstones were not recorded first; not deleted")
-        elif action.destructive and options.yes and not options.allow_delete:
-            result = ActionResult(action.id, action.kind, action.target, action.subject, "skipped",
-                                  "a delete: needs --allow-delete")
-        else:
-            result = _run_action(ctx, action)
+            return ActionResult(action.id, action.kind, action.target, action.subject, "skipped",
+                                "its target's tombstones were not recorded first; not deleted")
+        if action.destructive and options.yes and not options.allow_delete:
+            return ActionResult(action.id, action.kind, action.target, action.subject, "skipped",
+                                "a delete: needs --allow-delete")
+        return None
+
+    def count(result: ActionResult) -> ActionResult:
+        nonlocal errors
         with lock:
             if result.outcome in ("refused", "unconfirmed"):
                 errors += 1
@@ -614,6 +694,31 @@ def apply_plan(
             on_result(result)
         return result
 
+    def work(item: Action | list[Action]) -> list[ActionResult]:
+        if isinstance(item, Action):
+            return [count(blocked(item) or _run_action(ctx, item))]
+        skipped = {a.id: blocked(a) for a in item}
+        runnable = [a for a in item if skipped[a.id] is None]
+        ran = {r.action_id: r for r in (_session_delete_batch(ctx, runnable) if runnable else [])}
+        for action in runnable:
+            _journal_outcome(ctx, action, ran[action.id])
+        return [count(skipped[a.id] or ran[a.id]) for a in item]
+
+    def work_items(phase: list[Action]) -> list[Action | list[Action]]:
+        """One item per action, except session deletes on a gateway with batch delete: chunks of those."""
+        items: list[Action | list[Action]] = []
+        batched: dict[str, list[Action]] = {}
+        for action in phase:
+            entry = next((t for t in plan.targets if t["name"] == action.target), {})
+            if (action.kind == "session_delete" and (entry.get("capabilities") or {}).get("batch_delete")
+                    and not ctx.target(action.target).path):
+                batched.setdefault(action.target, []).append(action)
+            else:
+                items.append(action)
+        for group in batched.values():
+            items += [group[i:i + DELETE_BATCH] for i in range(0, len(group), DELETE_BATCH)]
+        return items
+
     try:
         with ctx.stack:
             # phases in plan order: tombstones land before any delete starts
@@ -623,7 +728,7 @@ def apply_plan(
                     continue
                 with ThreadPoolExecutor(max_workers=options.concurrency,
                                         thread_name_prefix="gatewayscope-apply") as pool:
-                    results = list(pool.map(work, phase))
+                    results = [r for part in pool.map(work, work_items(phase)) for r in part]
                 report.results.extend(results)
                 if kind == "tombstone_backfill":
                     unguarded_deletes.update(r.target for r in results if r.outcome not in SUCCESS_OUTCOMES

@@ -244,13 +244,16 @@ def _rllm_actions(snap: TargetSnapshot, config: Config, now: float, *, include_s
         ))
     if delete_ids:
         seconds = len(delete_ids) / rate
-        # what apply does: one delete per session (no batch route), paced at ``rate`` unless --rate says otherwise
+        # what apply does: paced at ``rate`` sessions per second unless --rate says otherwise
         if data.access == "sqlite":
-            how, why = "with the gateway's own delete statements on its SQLite file", ""
+            how, why = "with the gateway's own delete statements on its SQLite file, one at a time", ""
+        elif data.capabilities.get("batch_delete"):
+            how, why = "through the gateway's batch delete (POST /sessions/batch_delete)", ""
         else:
-            how, why = "through the gateway's own delete", "; the 0.1.0 memory store scans every session on each delete"
+            how = "through the gateway's own delete, one at a time"
+            why = "; the 0.1.0 memory store scans every session on each delete"
         warnings.append(
-            f"{snap.name}: deletes {len(delete_ids)} session(s) {how}, one at a time; paced at {rate:g}/s that "
+            f"{snap.name}: deletes {len(delete_ids)} session(s) {how}; paced at {rate:g}/s that "
             f"takes about {seconds:.0f} s (apply --rate sets the pace{why})."
         )
     return actions
