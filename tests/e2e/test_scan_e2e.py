@@ -41,11 +41,18 @@ def touch_live(url: str, run: Any) -> str:
     import httpx
 
     fresh = "fresh-live-task:0"
+    wanted = {**{uid: n + 1 for uid, n in run.live_uids.items()}, fresh: 1}
     with httpx.Client(base_url=url, timeout=30) as client:
-        for uid in [*run.live_uids, fresh]:
+        for uid in wanted:
             response = client.post(f"/sessions/{quote(uid, safe='')}/v1/chat/completions",
                                    json={"model": "stub", "messages": [{"role": "user", "content": "still here"}]})
             response.raise_for_status()
+        # the gateway persists traces after answering (fire-and-forget): wait until they are stored
+        deadline = time.monotonic() + 20
+        for uid, count in wanted.items():
+            while len(client.get(f"/sessions/{quote(uid, safe='')}/traces").json()) < count:
+                assert time.monotonic() < deadline, f"the trace of {uid} was not stored in 20 s"
+                time.sleep(0.02)
     return fresh
 
 
