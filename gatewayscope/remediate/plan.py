@@ -33,6 +33,7 @@ from gatewayscope.analysis.pools import classify_records, unreachable_records
 from gatewayscope.analysis.posture import SAFE_POSTURE, posture_drift
 from gatewayscope.config import Config
 from gatewayscope.errors import PlanError
+from gatewayscope.render import human_seconds
 from gatewayscope.snapshot import Snapshot, TargetSnapshot
 
 SCHEMA_VERSION = 1
@@ -254,7 +255,8 @@ def _rllm_actions(snap: TargetSnapshot, config: Config, now: float, *, include_s
             why = "; the 0.1.0 memory store scans every session on each delete"
         warnings.append(
             f"{snap.name}: deletes {len(delete_ids)} session(s) {how}; paced at {rate:g}/s that "
-            f"takes about {seconds:.0f} s (apply --rate sets the pace{why})."
+            f"takes {'under a second' if seconds < 1 else f'about {human_seconds(seconds)}'} "
+            f"(apply --rate sets the pace{why})."
         )
     return actions
 
