@@ -3,15 +3,23 @@
 The 0.1.0 gateway runs SQLite in DELETE journal mode, where a reader's open transaction blocks
 the writer's commit. So every read here is its own short statement in autocommit mode, paged by
 key (``session_id``) over the gateway's own ``idx_ts_session_time`` index: the gateway's commit
-waits at most for one page, never for the whole scan. It works on WAL files the same way.
+waits at most for one page, never for the whole scan. A page ends after ``STATEMENT_SECONDS`` of
+lock, whatever the machine or the cache: its rows come in key order and the next page starts after
+the last whole session read. Candidate traces are read the same way.
+Between statements the reader polls for the lock itself, every fraction of a millisecond, rather than
+with SQLite's busy handler: its sleeps grow to 100 ms, and against a gateway that commits
+back-to-back each of them lands in the next commit, so a reader that sleeps that way starves.
+It works on WAL files the same way.
 The file is opened with ``mode=ro``: gatewayscope never writes to the store from here.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import sqlite3
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +36,19 @@ from gatewayscope.snapshot import (
     frame_from_rows,
 )
 
-#: sessions per page of the listing: small enough that one page is a few milliseconds of lock
-SESSION_PAGE = 4000
-#: session ids per candidate-trace read
-TRACE_BATCH = 400
+#: most sessions one page may hold (a memory bound: a page usually ends sooner, on STATEMENT_SECONDS)
+SESSION_PAGE = 100_000
+#: tombstone ids per key range when the guard is installed
+TOMBSTONE_PAGE = 4000
+#: most session ids one candidate-trace read asks for (SQLite's variable limit before 3.32 is 999);
+#: a read also ends after STATEMENT_SECONDS, and the next one resumes at the first unfinished session
+TRACE_BATCH = 999
+#: how long one read statement holds the shared lock. The gateway's commit waits for it, plus the rest
+#: of the sleep its busy handler is in: SQLite's default handler retries 1, 3, 8, 18, 33, 53, 78 ms
+#: after its first try, so a 30 ms statement usually lets the commit through at its 33 ms retry
+STATEMENT_SECONDS = 0.03
+#: rows fetched between two looks at the clock while a page is read (about a millisecond of work)
+_FETCH_CHUNK = 500
 TOMBSTONE_TABLE = "gatewayscope_tombstones"
 
 _REQUIRED_COLUMNS = {
@@ -57,6 +74,7 @@ _TRACES_SQL = """
            json_extract(t.data, '$.model')
     FROM trace_sessions AS ts JOIN traces AS t ON t.trace_id = ts.trace_id
     WHERE ts.session_id IN ({placeholders})
+    ORDER BY ts.session_id
 """
 
 
@@ -93,17 +111,91 @@ def _store_error(path: str, err: sqlite3.Error) -> StoreError:
     return StoreError(f"{path}: SQLite error: {text}")
 
 
-def check_trace_store(conn: sqlite3.Connection, path: str) -> set[str]:
+def _is_busy(err: sqlite3.OperationalError) -> bool:
+    code = getattr(err, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return (code & 0xFF) in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED and their extended codes
+    text = str(err)
+    return "locked" in text or "busy" in text
+
+
+def _poll_interval(waited: float) -> float:
+    """Sleep between lock attempts: fine while a commit is likely to end any moment, coarser later."""
+    if waited < 0.05:
+        return 0.00025
+    return 0.001 if waited < 1.0 else 0.01
+
+
+def _start(conn: sqlite3.Connection, sql: str, params: Sequence[Any],
+           busy_timeout: float) -> tuple[sqlite3.Cursor, float]:
+    """Start a read statement (its first step takes the lock): the cursor and when it got the lock.
+
+    A locked file is retried here (see the module docstring) until the lock has stayed out of reach
+    for ``busy_timeout`` seconds; then the last "database is locked" error is raised.
+    """
+    first_try = time.monotonic()
+    while True:  # bounded by busy_timeout
+        started = time.monotonic()
+        try:
+            return conn.execute(sql, params), started
+        except sqlite3.OperationalError as err:
+            waited = time.monotonic() - first_try
+            if not _is_busy(err) or waited >= busy_timeout:
+                raise
+        time.sleep(_poll_interval(waited))
+
+
+def fetch_all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *,
+              busy_timeout: float = 10.0) -> tuple[list[tuple[Any, ...]], float]:
+    """Run one read statement to completion: its rows, and how long it held the read lock.
+
+    ``fetchall()`` finishes the statement, so in autocommit mode the lock is released before this
+    returns. Waits for the lock as ``_start`` does.
+    """
+    cursor, started = _start(conn, sql, params, busy_timeout)
+    try:
+        rows = cursor.fetchall()
+    finally:
+        cursor.close()
+    return rows, time.monotonic() - started
+
+
+def fetch_for(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *, seconds: float,
+              busy_timeout: float = 10.0) -> tuple[list[tuple[Any, ...]], bool]:
+    """Rows of one read statement, stopping once it has held the read lock ``seconds``.
+
+    Returns the rows read and whether the statement ran to its end. Stopping early closes the
+    cursor, which resets the statement and so releases the lock; the rows read so far are the
+    statement's first rows, in its order. At least one chunk of rows is read each time.
+    """
+    cursor, started = _start(conn, sql, params, busy_timeout)
+    rows: list[tuple[Any, ...]] = []
+    try:
+        while True:  # bounded: each turn reads a chunk, and the statement has finitely many rows
+            chunk = cursor.fetchmany(_FETCH_CHUNK)
+            rows += chunk
+            if len(chunk) < _FETCH_CHUNK:
+                return rows, True
+            if time.monotonic() - started >= seconds:
+                return rows, False
+    finally:
+        cursor.close()
+
+
+def check_trace_store(conn: sqlite3.Connection, path: str, *, busy_timeout: float = 10.0) -> set[str]:
     """Raise StoreError unless the file holds the gateway's tables; return all table names."""
     try:
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        names, _ = fetch_all(conn, "SELECT name FROM sqlite_master WHERE type = 'table'",
+                             busy_timeout=busy_timeout)
+        tables = {row[0] for row in names}
         for table, columns in _REQUIRED_COLUMNS.items():
             if table not in tables:
                 raise StoreError(
                     f"{path} is not an rLLM trace store: it has no {table!r} table "
                     f"(tables: {', '.join(sorted(tables)) or 'none'})."
                 )
-            present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            info, _ = fetch_all(conn, f"PRAGMA table_info({table})", busy_timeout=busy_timeout)
+            present = {row[1] for row in info}
             missing = columns - present
             if missing:
                 raise StoreError(f"{path} is not an rLLM trace store: table {table!r} lacks "
@@ -113,37 +205,52 @@ def check_trace_store(conn: sqlite3.Connection, path: str) -> set[str]:
     return tables
 
 
-def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE) -> Iterator[list[tuple[Any, ...]]]:
-    """Pages of (session_id, trace_count, first_trace_at, last_trace_at), each read in its own statement."""
+def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, *,
+                       page_seconds: float | None = STATEMENT_SECONDS,
+                       busy_timeout: float = 10.0) -> Iterator[list[tuple[Any, ...]]]:
+    """Pages of (session_id, trace_count, first_trace_at, last_trace_at), each read in its own statement.
+
+    A page holds at most ``page_size`` sessions, and ends once its statement has held the read lock
+    ``page_seconds`` (None: no time bound). Either way every row is a whole session (the GROUP BY walks the
+    index in key order and emits a session once its last row is counted), so the next page starts
+    after the last session read.
+    """
     last = ""
     while True:
-        # fetchall() finishes the statement, so the read lock is released before the next page
-        rows = conn.execute(_PAGE_SQL, (last, page_size)).fetchall()
+        if page_seconds is None:
+            rows, _ = fetch_all(conn, _PAGE_SQL, (last, page_size), busy_timeout=busy_timeout)
+            ended = len(rows) < page_size
+        else:
+            rows, ended = fetch_for(conn, _PAGE_SQL, (last, page_size), seconds=page_seconds,
+                                    busy_timeout=busy_timeout)
+            ended = ended and len(rows) < page_size
         if not rows:
             return
         yield rows
-        if len(rows) < page_size:
+        if ended:
             return
         last = rows[-1][0]
 
 
-def _tombstoned_sessions(conn: sqlite3.Connection, page_size: int = SESSION_PAGE) -> list[str]:
+def _tombstoned_sessions(conn: sqlite3.Connection, page_size: int = TOMBSTONE_PAGE, *,
+                         busy_timeout: float = 10.0) -> list[str]:
     """Ids that carry a tombstone and still have rows in the store, read a key range at a time."""
     found: list[str] = []
     last = ""
     while True:
-        page = conn.execute(
-            f"SELECT session_id FROM {TOMBSTONE_TABLE} WHERE session_id > ? ORDER BY session_id LIMIT ?",
-            (last, page_size),
-        ).fetchall()
+        page, _ = fetch_all(
+            conn, f"SELECT session_id FROM {TOMBSTONE_TABLE} WHERE session_id > ? ORDER BY session_id LIMIT ?",
+            (last, page_size), busy_timeout=busy_timeout,
+        )
         if not page:
             return found
         upper = page[-1][0]
-        found.extend(row[0] for row in conn.execute(
-            f"SELECT session_id FROM {TOMBSTONE_TABLE} AS tb WHERE session_id > ? AND session_id <= ? "
+        present, _ = fetch_all(
+            conn, f"SELECT session_id FROM {TOMBSTONE_TABLE} AS tb WHERE session_id > ? AND session_id <= ? "
             "AND EXISTS (SELECT 1 FROM trace_sessions AS ts WHERE ts.session_id = tb.session_id)",
-            (last, upper),
-        ))
+            (last, upper), busy_timeout=busy_timeout,
+        )
+        found.extend(row[0] for row in present)
         if len(page) < page_size:
             return found
         last = upper
@@ -158,32 +265,81 @@ def read_guard_stats(conn: sqlite3.Connection, tables: set[str]) -> GuardStats |
     return sqlite_guard.read_guard(conn)
 
 
-def current_weight_version(conn: sqlite3.Connection) -> int | None:
+def current_weight_version(conn: sqlite3.Connection, *, busy_timeout: float = 10.0) -> int | None:
     """The newest weight version the store's recent traces carry (upstream gateways record one)."""
-    row = conn.execute(
+    rows, _ = fetch_all(
+        conn,
         "SELECT MAX(json_extract(data, '$.weight_version')) FROM "
-        "(SELECT data FROM traces ORDER BY created_at DESC LIMIT 200)"
-    ).fetchone()
-    value = row[0] if row else None
+        "(SELECT data FROM traces ORDER BY created_at DESC LIMIT 200)",
+        busy_timeout=busy_timeout,
+    )
+    value = rows[0][0] if rows else None
     return int(value) if isinstance(value, (int, float)) else None
+
+
+def _iter_candidate_traces(conn: sqlite3.Connection, session_ids: list[str], *, seconds: float,
+                           busy_timeout: float) -> Iterator[list[tuple[Any, ...]]]:
+    """The ``_TRACES_SQL`` rows of ``session_ids``, in statements of at most ``seconds`` of lock each.
+
+    Rows come ordered by session id, so when a statement stops early every session before the last
+    one read is whole; the next statement starts again at that last session.
+    """
+    todo = sorted(set(session_ids))  # Python's str order is SQLite's BINARY order (UTF-8 bytes)
+    start = 0
+    while start < len(todo):  # bounded: every turn moves ``start`` forward
+        batch = todo[start:start + TRACE_BATCH]
+        sql = _TRACES_SQL.format(placeholders=",".join("?" * len(batch)))
+        rows, ended = fetch_for(conn, sql, batch, seconds=seconds, busy_timeout=busy_timeout)
+        if ended:
+            yield rows
+            start += len(batch)
+            continue
+        last = rows[-1][0]
+        whole = [row for row in rows if row[0] != last]
+        if whole:
+            yield whole
+            start = bisect.bisect_left(todo, last, start)
+        else:  # one session's rows filled the whole statement: read that session alone, to its end
+            rows, _ = fetch_all(conn, _TRACES_SQL.format(placeholders="?"), [last], busy_timeout=busy_timeout)
+            yield rows
+            start = bisect.bisect_right(todo, last, start)
+
+
+def _sessions_frame(rows: list[tuple[Any, ...]]) -> pl.DataFrame:
+    """One page as a SESSIONS_SCHEMA frame, built column by column (twice as fast as by rows)."""
+    return pl.DataFrame([pl.Series(name, [row[i] for row in rows], dtype=dtype)
+                         for i, (name, dtype) in enumerate(SESSIONS_SCHEMA.items())])
 
 
 def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float,
                             page_size: int = SESSION_PAGE) -> TraceStoreData:
-    """Read the sessions and candidate traces of the SQLite store at ``target.path``."""
+    """Read the sessions and candidate traces of the SQLite store at ``target.path``.
+
+    ``page_size`` caps the sessions of one page; a page also ends after ``STATEMENT_SECONDS`` of lock,
+    and so do candidate-trace reads. ``target.timeout_seconds`` is how long one statement may wait for
+    the lock before the read fails with StoreError.
+    """
     assert target.path, "a SQLite trace-store target needs a path"
     path = target.path
-    conn = open_read_only(path, busy_timeout=target.timeout_seconds)
+    wait = target.timeout_seconds
+    conn = open_read_only(path, busy_timeout=wait)
     try:
-        tables = check_trace_store(conn, path)
+        # our own statements poll for the lock (_start); the guard's reads keep SQLite's busy handler
+        conn.execute("PRAGMA busy_timeout = 0")
+        tables = check_trace_store(conn, path, busy_timeout=wait)
         try:
             pages: list[pl.DataFrame] = []
-            for rows in iter_session_pages(conn, page_size):
-                pages.append(frame_from_rows(rows, SESSIONS_SCHEMA))
+            for rows in iter_session_pages(conn, page_size, busy_timeout=wait):
+                # built between statements: the gateway commits meanwhile
+                pages.append(_sessions_frame(rows))
             sessions = pl.concat(pages, rechunk=True) if pages else empty_frame(SESSIONS_SCHEMA)
+            del pages
+            conn.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
             guard = read_guard_stats(conn, tables)
-            tombstoned = _tombstoned_sessions(conn, page_size) if guard and guard.tombstones else []
-            weight = current_weight_version(conn)
+            conn.execute("PRAGMA busy_timeout = 0")
+            tombstoned = (_tombstoned_sessions(conn, min(page_size, TOMBSTONE_PAGE), busy_timeout=wait)
+                          if guard and guard.tombstones else [])
+            weight = current_weight_version(conn, busy_timeout=wait)
 
             idle_before = now - policy.orphan_idle_seconds
             candidates = sessions.filter(
@@ -193,10 +349,8 @@ def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float,
                 seen = set(candidates)
                 candidates.extend(sid for sid in tombstoned if sid not in seen)
             trace_rows: list[tuple[Any, ...]] = []
-            for start in range(0, len(candidates), TRACE_BATCH):
-                batch = candidates[start:start + TRACE_BATCH]
-                sql = _TRACES_SQL.format(placeholders=",".join("?" * len(batch)))
-                for (sid, trace_id, created, weight_v, n_ids, n_prompt, chars, model) in conn.execute(sql, batch):
+            for rows in _iter_candidate_traces(conn, candidates, seconds=STATEMENT_SECONDS, busy_timeout=wait):
+                for (sid, trace_id, created, weight_v, n_ids, n_prompt, chars, model) in rows:
                     prompt_tokens = n_ids if n_ids else n_prompt
                     trace_rows.append((
                         sid, trace_id, created,
