@@ -143,7 +143,11 @@ def unreachable_records(records: pl.DataFrame, reachability: pl.DataFrame) -> pl
     reach = reachability.select(
         pl.col("host"), pl.col("resolves").alias("_resolves"), pl.col("error").alias("_error")
     ).unique(subset="host", keep="first")
-    joined = records.with_columns(base_url_host(pl.col("base_url")).alias("host")).join(
+    # the host of each distinct base URL once (a listing repeats a few hundred over thousands of records)
+    hosts = records.select(pl.col("base_url").unique().drop_nulls()).with_columns(
+        base_url_host(pl.col("base_url")).alias("host")
+    )
+    joined = records.join(hosts, on="base_url", how="left", maintain_order="left").join(
         reach, on="host", how="left"
     )
     dns_failed = pl.col("_resolves").eq(False).fill_null(False)

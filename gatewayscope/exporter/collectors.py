@@ -13,6 +13,7 @@ package version, and Bifrost provider record names (capped, see :func:`record_se
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from prometheus_client.metrics_core import Metric
 from gatewayscope import __version__
 from gatewayscope.config import Policy
 from gatewayscope.exporter.cache import RESULTS, SOURCES, TargetResult
+from gatewayscope.snapshot import TargetSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -186,30 +188,65 @@ def record_series(classified: pl.DataFrame, max_series: int) -> list[tuple[str, 
     return series
 
 
-def target_samples(result: TargetResult, policy: Policy, *, max_record_series: int) -> list[Sample]:
+class FindingsCache:
+    """The findings of each target's last read, kept until the next read replaces it.
+
+    A read (a TargetSnapshot) never changes once made, and its findings depend only on it, the policy,
+    the target and ``max_record_series``, which are fixed for an exporter's life. So every scrape served
+    from the per-target cache (several Prometheus replicas, a scrape interval shorter than
+    ``min_interval_seconds``) re-serves them instead of running the analysis again. One entry per
+    target name, holding the snapshot it was computed from (compared by identity). Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[TargetSnapshot, tuple[bool, list[Sample]]]] = {}
+
+    def get(self, name: str, snapshot: TargetSnapshot,
+            compute: Callable[[], tuple[bool, list[Sample]]]) -> tuple[bool, list[Sample]]:
+        with self._lock:
+            entry = self._entries.get(name)
+        if entry is not None and entry[0] is snapshot:
+            return entry[1]
+        value = compute()
+        with self._lock:
+            self._entries[name] = (snapshot, value)
+        return value
+
+
+def _findings(result: TargetResult, policy: Policy, max_record_series: int) -> tuple[bool, list[Sample]]:
+    """(up, findings samples) of one target's read; analysis failures are caught and reported down."""
+    target, snap = result.target, result.snapshot
+    if not snap.up:
+        return False, []
+    try:
+        if target.kind == "rllm" and snap.trace_store is not None:
+            return True, _trace_store_samples(result, policy)
+        if target.kind == "bifrost" and snap.bifrost is not None:
+            return True, _bifrost_samples(result, policy, max_record_series)
+        return False, []
+    except Exception:
+        log.exception("analysing the read of %s failed; reporting it down", target.name)
+        return False, []
+
+
+def target_samples(result: TargetResult, policy: Policy, *, max_record_series: int,
+                   cache: FindingsCache | None = None) -> list[Sample]:
     """Every sample of one target: up, duration, age, and its findings when the read succeeded.
 
     Analysis failures (a bug, an unforeseen shape) are caught here: the target is reported with
-    ``gatewayscope_up 0`` and no findings, and the other targets are unaffected.
+    ``gatewayscope_up 0`` and no findings, and the other targets are unaffected. With ``cache``, the
+    findings of a read already analysed are reused (see :class:`FindingsCache`).
     """
     target, snap = result.target, result.snapshot
     name = target.name
     head = [Sample("gatewayscope_scrape_duration_seconds", (name,), float(snap.duration_seconds))]
     if result.age_seconds is not None:
         head.append(Sample("gatewayscope_exporter_snapshot_age_seconds", (name,), max(0.0, result.age_seconds)))
-    findings: list[Sample] = []
-    up = bool(snap.up)
-    if up:
-        try:
-            if target.kind == "rllm" and snap.trace_store is not None:
-                findings = _trace_store_samples(result, policy)
-            elif target.kind == "bifrost" and snap.bifrost is not None:
-                findings = _bifrost_samples(result, policy, max_record_series)
-            else:
-                up = False
-        except Exception:
-            log.exception("analysing the read of %s failed; reporting it down", name)
-            up, findings = False, []
+    if cache is None:
+        up, findings = _findings(result, policy, max_record_series)
+    else:
+        up, findings = cache.get(name, snap, lambda: _findings(result, policy, max_record_series))
     return [Sample("gatewayscope_up", (name, target.kind), 1.0 if up else 0.0), *head, *findings]
 
 
@@ -275,16 +312,18 @@ class TargetsCollector:
     """The metrics of the given targets' values for one scrape (``/metrics`` and ``/probe``)."""
 
     def __init__(self, results: Sequence[TargetResult], policy: Policy, *, max_record_series: int,
-                 min_interval_seconds: float) -> None:
+                 min_interval_seconds: float, cache: FindingsCache | None = None) -> None:
         self.results = list(results)
         self.policy = policy
         self.max_record_series = max_record_series
         self.min_interval_seconds = min_interval_seconds
+        self.cache = cache
 
     def collect(self) -> Iterator[Metric]:
         samples: list[Sample] = []
         for result in self.results:
-            samples += target_samples(result, self.policy, max_record_series=self.max_record_series)
+            samples += target_samples(result, self.policy, max_record_series=self.max_record_series,
+                                      cache=self.cache)
         yield from families(samples, min_interval_seconds=self.min_interval_seconds)
 
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -45,7 +45,7 @@ from gatewayscope.errors import (
 from gatewayscope.remediate.journal import FINAL_OUTCOMES, Journal
 from gatewayscope.remediate.plan import (
     ACTION_KINDS,
-    DEFAULT_DELETES_PER_SECOND,
+    DELETE_DUTY,
     Action,
     Plan,
     posture_fingerprint,
@@ -67,8 +67,7 @@ class ApplyOptions:
     yes: bool = False
     allow_delete: bool = False
     concurrency: int = 4
-    #: writes per second over the whole apply (None = no limit, except session deletes: the plan's
-    #: DEFAULT_DELETES_PER_SECOND)
+    #: writes per second over the whole apply (None = no limit; session deletes then keep to DELETE_DUTY)
     rate: float | None = None
     #: stop starting new actions after this many refused/unconfirmed ones (None = never)
     max_errors: int | None = None
@@ -141,6 +140,37 @@ class _RateLimiter:
             self.sleep(start - now)
 
 
+class _DeletePacer:
+    """The session deletes of one target: one at a time, then a pause that keeps them to ``duty`` of the
+    gateway's time (``duty=None``: one at a time, no pause; --rate paces them instead).
+
+    Without --rate, apply uses ``DELETE_DUTY`` (3/4): each delete (or batch) is followed by a pause of a third
+    of its own duration. The gateway keeps a quarter of its time for its traffic and none of its calls waits
+    behind more than one delete, whatever a delete costs: the 0.1.0 memory store scans every session on each
+    delete, on the event loop that serves the rollouts, so the cost grows with the store (a fixed rate is
+    too slow for a small store and saturates the loop of a big one).
+    """
+
+    def __init__(self, duty: float | None, sleep: Callable[[float], None]) -> None:
+        self.pause_factor = (1.0 - duty) / duty if duty else 0.0
+        self.sleep = sleep
+        self._ready_at = 0.0
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        with self._lock:
+            wait = self._ready_at - time.monotonic()
+            if wait > 0:
+                self.sleep(wait)
+            started = time.monotonic()
+            try:
+                yield
+            finally:
+                ended = time.monotonic()
+                self._ready_at = ended + (ended - started) * self.pause_factor
+
+
 class _Context:
     """What the executors share: the journal, the options, the clients, the rate limiter."""
 
@@ -152,10 +182,9 @@ class _Context:
         self.journal = journal
         self.transports = transports
         self.limiter = _RateLimiter(options.rate, options.sleep)
-        # session deletes keep the pace the plan announced unless a rate is given (the 0.1.0 memory store
-        # scans every session on each delete, on the event loop that serves the rollouts)
-        self.delete_limiter = (self.limiter if options.rate
-                               else _RateLimiter(DEFAULT_DELETES_PER_SECOND, options.sleep))
+        # session deletes: --rate when given; otherwise each target's pacer keeps them to DELETE_DUTY
+        self.delete_limiter = self.limiter if options.rate else _RateLimiter(None, options.sleep)
+        self._pacers: dict[str, _DeletePacer] = {}
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.stack = ExitStack()
@@ -187,6 +216,15 @@ class _Context:
                     target.url, timeout=target.timeout_seconds, transport=self.transports.get(name),
                     max_connections=max(4, self.options.concurrency)))
             return self._clients[name]
+
+    def delete_turn(self, target: str) -> AbstractContextManager[None]:
+        """Hold while a session delete (or a batch of them) runs on ``target``: see :class:`_DeletePacer`."""
+        with self._lock:
+            pacer = self._pacers.get(target)
+            if pacer is None:
+                pacer = self._pacers[target] = _DeletePacer(None if self.options.rate else DELETE_DUTY,
+                                                            self.options.sleep)
+        return pacer.turn()
 
     def attempt(self, action: Action, send: int, what: str) -> None:
         (self.delete_limiter if action.kind == "session_delete" else self.limiter).wait()
@@ -526,8 +564,9 @@ def _session_delete_batch(ctx: _Context, actions: list[Action]) -> list[ActionRe
             results[action.id].sends += 1
             ctx.attempt(action, results[action.id].sends, f"POST /sessions/batch_delete ({len(live)} ids)")
         try:
-            body = client.request("POST", "/sessions/batch_delete",
-                                  json_body={"session_ids": [a.subject for a in live]})
+            with ctx.delete_turn(actions[0].target):
+                body = client.request("POST", "/sessions/batch_delete",
+                                      json_body={"session_ids": [a.subject for a in live]})
         except (GatewayTimeoutError, UnreachableError) as err:
             for action in still_there(live, err):
                 settle(action, "unconfirmed", f"{err}; the session is still there")
@@ -566,11 +605,13 @@ def _session_delete(ctx: _Context, action: Action, result: ActionResult) -> None
     def send() -> str:
         if target.path:
             try:
-                deleted = delete_session_rows(target.path, action.subject, timeout=target.timeout_seconds)
+                with ctx.delete_turn(action.target):
+                    deleted = delete_session_rows(target.path, action.subject, timeout=target.timeout_seconds)
             except SourceError as err:
                 raise _Settled("unconfirmed", str(err)) from None
         else:
-            body = ctx.rllm(action.target).request("DELETE", session_path(action.subject))
+            with ctx.delete_turn(action.target):
+                body = ctx.rllm(action.target).request("DELETE", session_path(action.subject))
             deleted = int(body.get("deleted", 0)) if isinstance(body, dict) else 0
         return f"deleted ({deleted} trace(s))"
 

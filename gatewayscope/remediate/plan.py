@@ -44,6 +44,13 @@ ACTION_KINDS = ("tombstone_backfill", "session_delete", "posture_fix", "pool_shr
 DESTRUCTIVE_KINDS = frozenset({"session_delete", "record_delete"})
 #: a pace that keeps a 0.1.0 memory gateway's event loop free for real traffic (see README, Performance)
 DEFAULT_DELETES_PER_SECOND = 20.0
+#: without --rate, apply runs one session delete (or batch) at a time per target and pauses after each for
+#: a third of its duration: deletes take at most this share of the gateway's time, whatever they cost there
+DELETE_DUTY = 0.75
+#: what one delete costs the 0.1.0 memory store per session and trace it holds (it scans them all, on the
+#: event loop): about 0.4 us in bench/session_delete.py (36 ms at 45,000 one-trace sessions, 2 cores); a
+#: range around it, not a promise (the machine and the store's heap move it)
+MEMORY_DELETE_SECONDS_PER_ITEM = (0.2e-6, 0.6e-6)
 
 
 @dataclass
@@ -231,7 +238,6 @@ def _rllm_actions(snap: TargetSnapshot, config: Config, now: float, *, include_s
                else "run the gateway with 'gatewayscope gateway' instead of 'rllm-model-gateway'")
         warnings.append(f"{snap.name}: no tombstone guard, so no tombstones are planned and a straggler can "
                         f"bring a deleted session back; to stop that: {how}.")
-    rate = DEFAULT_DELETES_PER_SECOND
     for row in chosen.iter_rows(named=True):
         sid = row["session_id"]
         ids = trace_ids.get(sid)  # None: the scan did not read this session's traces
@@ -244,21 +250,33 @@ def _rllm_actions(snap: TargetSnapshot, config: Config, now: float, *, include_s
                      "trace_ids": sorted(ids) if ids is not None else None},
         ))
     if delete_ids:
-        seconds = len(delete_ids) / rate
-        # what apply does: paced at ``rate`` sessions per second unless --rate says otherwise
+        # what apply does: one at a time (or one batch at a time), deletes taking at most DELETE_DUTY of the
+        # gateway's time, unless --rate sets a pace
+        pace = (f"so that deletes take at most {DELETE_DUTY:.0%} of the gateway's time and its traffic waits "
+                "behind one delete at most")
         if data.access == "sqlite":
-            how, why = "with the gateway's own delete statements on its SQLite file, one at a time", ""
+            how, when = "with the gateway's own delete statements on its SQLite file, one at a time", ""
         elif data.capabilities.get("batch_delete"):
-            how, why = "through the gateway's batch delete (POST /sessions/batch_delete)", ""
+            how, when = "through the gateway's batch delete (POST /sessions/batch_delete), one batch at a time", ""
         else:
             how = "through the gateway's own delete, one at a time"
-            why = "; the 0.1.0 memory store scans every session on each delete"
-        warnings.append(
-            f"{snap.name}: deletes {len(delete_ids)} session(s) {how}; paced at {rate:g}/s that "
-            f"takes {'under a second' if seconds < 1 else f'about {human_seconds(seconds)}'} "
-            f"(apply --rate sets the pace{why})."
-        )
+            when = "; the 0.1.0 memory store scans every session on each delete: " + _memory_delete_time(
+                data.sessions.height, int(data.sessions["trace_count"].sum() or 0), chosen)
+        warnings.append(f"{snap.name}: deletes {len(delete_ids)} session(s) {how}, {pace}{when} "
+                        "(apply --rate sets a fixed pace instead).")
     return actions
+
+
+def _memory_delete_time(sessions: int, traces: int, chosen: pl.DataFrame) -> str:
+    """How long apply's deletes of ``chosen`` take on a 0.1.0 memory store of that size, as a range."""
+    items = sessions + traces
+    removed = chosen.height + int(chosen["trace_count"].sum() or 0)
+    # each delete scans what is left; the store shrinks by one session and its traces per delete
+    scanned = chosen.height * (items - removed / 2)
+    low, high = (scanned * cost / DELETE_DUTY for cost in MEMORY_DELETE_SECONDS_PER_ITEM)
+    if high < 1:
+        return "under a second"
+    return f"about {human_seconds(low)} to {human_seconds(high)} at this store's size"
 
 
 def _bifrost_actions(snap: TargetSnapshot, config: Config, *, include_deletes: bool,

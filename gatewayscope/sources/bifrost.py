@@ -22,13 +22,14 @@ every secret-bearing field of a provider record by a short hash of the (already 
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -48,6 +49,7 @@ from gatewayscope.errors import (
     UnreachableError,
 )
 from gatewayscope.snapshot import REACHABILITY_SCHEMA, RECORDS_SCHEMA, BifrostData, frame_from_rows
+from gatewayscope.sources._tls import shared_ssl_context
 
 #: a pool write's budget (seed 002): base URL DNS check 5 s + upstream model listing 15 s + margin
 PUT_PROVIDER_TIMEOUT = 30.0
@@ -118,16 +120,30 @@ def secret_hash(value: Any) -> str:
         ref = value.get("ref") or value.get("env_var") or ""
         if not ref and value.get("from_env"):
             ref = "env"
-        canonical = json.dumps({"value": value.get("value") or "", "ref": ref}, sort_keys=True)
+        secret = value.get("value") or ""
     elif value is None:
-        canonical = json.dumps({"value": "", "ref": ""}, sort_keys=True)
+        secret, ref = "", ""
     elif isinstance(value, str):
-        canonical = json.dumps({"value": value, "ref": ""}, sort_keys=True)
+        secret, ref = value, ""
     else:
-        canonical = json.dumps(value, sort_keys=True, default=str)
+        return _short_hash(json.dumps(value, sort_keys=True, default=str))
+    if type(secret) is str and type(ref) is str:
+        # exactly json.dumps({"value": secret, "ref": ref}, sort_keys=True), without building an encoder
+        canonical = '{"ref": ' + _json_string(ref) + ', "value": ' + _json_string(secret) + "}"
+    else:
+        canonical = json.dumps({"value": secret, "ref": ref}, sort_keys=True)
+    return _short_hash(canonical)
+
+
+#: a str as json.dumps writes it (ensure_ascii: the C encoder's own function)
+_json_string = json.encoder.encode_basestring_ascii
+
+
+def _short_hash(canonical: str) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=4096)  # pure; a listing repeats the same few hundred base URLs
 def redact_url(url: str | None) -> str | None:
     """A URL with any userinfo and query string replaced, so it can be shown and stored.
 
@@ -149,21 +165,37 @@ def redact_url(url: str | None) -> str | None:
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
+#: leaves _scrub can share with its input: immutable, so the copy it returns stays independent
+_IMMUTABLE_LEAVES = (str, int, float, bool, type(None))
+_LEAF_TYPES = frozenset(_IMMUTABLE_LEAVES)
+
+
+def _scrub_dict(node: dict[str, Any], skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """:func:`_scrub` of a dict, leaving out the keys in ``skip`` too (a fingerprint's volatile fields)."""
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROPPED_FIELDS or key in skip:
+            continue
+        if key in _SECRET_FIELDS and value not in (None, "", {}):
+            out[key] = secret_hash(value)
+        elif type(value) in _LEAF_TYPES:  # most of a record: no call per leaf
+            out[key] = value
+        else:
+            out[key] = _scrub(value)
+    return out
+
+
 def _scrub(node: Any) -> Any:
-    """Recursively drop ``keys`` and hash every secret-named field."""
+    """A copy of ``node`` without ``keys`` and with every secret-named field hashed.
+
+    Dicts and lists are rebuilt and immutable JSON leaves shared, so the input is never changed and no
+    separate deep copy is needed (one is made only for an unusual mutable leaf).
+    """
     if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            if key in _DROPPED_FIELDS:
-                continue
-            if key in _SECRET_FIELDS and value not in (None, "", {}):
-                out[key] = secret_hash(value)
-            else:
-                out[key] = _scrub(value)
-        return out
+        return _scrub_dict(node)
     if isinstance(node, list):
         return [_scrub(item) for item in node]
-    return node
+    return node if isinstance(node, _IMMUTABLE_LEAVES) else copy.deepcopy(node)
 
 
 def sanitize_record(record: dict[str, Any]) -> dict[str, Any]:
@@ -185,7 +217,12 @@ def sanitize_record(record: dict[str, Any]) -> dict[str, Any]:
     >>> "xyz" in json.dumps(clean), "4321" in json.dumps(clean)
     (False, False)
     """
-    clean = _scrub(copy.deepcopy(record))
+    return _sanitized(record)
+
+
+def _sanitized(record: dict[str, Any], skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """:func:`sanitize_record` without the top-level keys in ``skip``."""
+    clean = _scrub_dict(record, skip)  # a fresh copy: the network block changed below is the copy's
     network = clean.get("network_config")
     if isinstance(network, dict):
         if isinstance(network.get("base_url"), str):
@@ -220,10 +257,14 @@ def record_fingerprint(record: dict[str, Any], *, exclude: Iterable[str] = ()) -
     ...     c, exclude=["concurrency_and_buffer_size"])
     True
     """
-    skip = set(_VOLATILE_FIELDS) | set(exclude)
-    clean = {k: v for k, v in sanitize_record(record).items() if k not in skip}
-    payload = json.dumps(clean, sort_keys=True, separators=(",", ":"), default=str)
+    skip = _VOLATILE_SET | frozenset(exclude)
+    payload = _FINGERPRINT_JSON.encode(_sanitized(record, skip))
     return hashlib.sha256(payload.encode()).hexdigest()
+
+
+_VOLATILE_SET = frozenset(_VOLATILE_FIELDS)
+#: the canonical JSON a fingerprint hashes (one encoder, built once)
+_FINGERPRINT_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 
 
 def safe_client_config(client_config: dict[str, Any]) -> dict[str, Any]:
@@ -284,6 +325,7 @@ class BifrostClient:
             auth=httpx.BasicAuth(*auth) if auth is not None else None,
             timeout=httpx.Timeout(self.timeout),
             transport=transport,
+            verify=shared_ssl_context(),
             follow_redirects=False,
             headers={"Accept": "application/json"},
         )
@@ -555,25 +597,57 @@ class HostResolver:
         self._cache: dict[str, _Answer] = {}
         self._lock = threading.Lock()
 
-    def _one(self, host: str) -> tuple[bool, str | None]:
-        outcome: list[tuple[bool, str | None]] = []
+    def _resolve(self, host: str) -> tuple[bool, str | None]:
+        try:
+            self.lookup(host)
+        except socket.gaierror as err:
+            return False, err.strerror or str(err)
+        except Exception as err:  # any failure means "does not resolve from here"
+            return False, str(err) or type(err).__name__
+        return True, None
 
-        def run() -> None:
-            try:
-                self.lookup(host)
-            except socket.gaierror as err:
-                outcome.append((False, err.strerror or str(err)))
-            except Exception as err:  # any failure means "does not resolve from here"
-                outcome.append((False, str(err) or type(err).__name__))
-            else:
-                outcome.append((True, None))
+    def _lookup_all(self, hosts: list[str], concurrency: int) -> list[tuple[bool, str | None]]:
+        """Look ``hosts`` up on at most ``concurrency`` daemon threads at a time, each lookup bounded by
+        ``timeout``: one still running then is abandoned (its thread finishes on its own and leaves the
+        queue to a fresh thread), and its host counts as not resolving. A few threads serve every host,
+        instead of one thread per lookup."""
+        results: dict[int, tuple[bool, str | None]] = {}
+        queue = deque(enumerate(hosts))
+        running: dict[int, float] = {}  # index -> when its lookup started (monotonic)
+        cond = threading.Condition()
 
-        worker = threading.Thread(target=run, name=f"gatewayscope-dns-{host}", daemon=True)
-        worker.start()
-        worker.join(self.timeout)
-        if not outcome:
-            return False, f"lookup timed out after {self.timeout:g} s"
-        return outcome[0]
+        def worker() -> None:
+            while True:
+                with cond:
+                    if not queue:
+                        return
+                    index, host = queue.popleft()
+                    running[index] = time.monotonic()
+                outcome = self._resolve(host)
+                with cond:
+                    abandoned = running.pop(index, None) is None
+                    if not abandoned:
+                        results[index] = outcome
+                    cond.notify_all()
+                if abandoned:
+                    return
+
+        def spawn() -> None:
+            threading.Thread(target=worker, name="gatewayscope-dns", daemon=True).start()
+
+        for _ in range(max(1, min(concurrency, len(hosts)))):
+            spawn()
+        with cond:
+            while len(results) < len(hosts):
+                now = time.monotonic()
+                for index, started in list(running.items()):
+                    if now - started >= self.timeout:
+                        del running[index]
+                        results[index] = (False, f"lookup timed out after {self.timeout:g} s")
+                        spawn()
+                wake = min(running.values(), default=now) + self.timeout
+                cond.wait(timeout=max(0.001, wake - now))
+        return [results[index] for index in range(len(hosts))]
 
     def check(self, hosts: Iterable[str], *, concurrency: int = 8, now: float | None = None) -> pl.DataFrame:
         """A REACHABILITY_SCHEMA frame for the distinct ``hosts``, looked up ``concurrency`` at a time.
@@ -592,9 +666,7 @@ class HostResolver:
                 else:
                     missing.append(host)
         if missing:
-            with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(missing))),
-                                    thread_name_prefix="gatewayscope-dns") as pool:
-                results = list(pool.map(self._one, missing))
+            results = self._lookup_all(missing, concurrency)
             with self._lock:
                 for host, (resolves, error) in zip(missing, results, strict=True):
                     answer = _Answer(resolves, error, stamp)
@@ -611,9 +683,13 @@ DEFAULT_RESOLVER = HostResolver()
 # -- the read -------------------------------------------------------------------------------------
 
 def _int_field(block: Any, key: str, default: int, name: str) -> int:
-    if not isinstance(block, dict) or block.get(key) is None:
+    if not isinstance(block, dict):
         return default
-    value = block[key]
+    value = block.get(key)
+    if type(value) is int:  # the usual answer
+        return value
+    if value is None:
+        return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
         raise BadResponseError(
             f"Bifrost's record {name!r} has a {key} that is not a whole number ({_describe(value)})."
@@ -694,7 +770,9 @@ def read_bifrost(
         except (HTTPStatusError, BadResponseError):
             version = None
     records = frame_from_rows([record_row(record) for record in providers], RECORDS_SCHEMA)
-    hosts = records.select(base_url_host(pl.col("base_url")).alias("host"))["host"].drop_nulls().to_list()
+    # each distinct base URL once: a listing repeats a few hundred of them over thousands of records
+    urls = records.select(pl.col("base_url").unique())
+    hosts = urls.select(base_url_host(pl.col("base_url")).alias("host"))["host"].drop_nulls().to_list()
     if isinstance(resolver, HostResolver):
         checker = resolver
     elif resolver is not None:

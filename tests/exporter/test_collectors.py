@@ -297,3 +297,68 @@ def test_the_contract_names_are_exactly_those_of_the_design() -> None:
     }
     assert {name: METRICS[name].labels for name in CONTRACT_METRICS} == design
     assert METRICS["gatewayscope_trace_store_dropped_writes_total"].type == "counter"
+
+
+# -- the findings cache: a scrape served from the per-target cache does not analyse again ------------
+
+def test_findings_are_analysed_once_per_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gatewayscope.analysis import orphans, pools
+    from gatewayscope.exporter.collectors import FindingsCache
+
+    calls = {"orphans": 0, "pools": 0}
+    real_orphans, real_summary = orphans.find_orphans, pools.bifrost_summary
+
+    def counting_orphans(*args: Any, **kwargs: Any) -> Any:
+        calls["orphans"] += 1
+        return real_orphans(*args, **kwargs)
+
+    def counting_summary(*args: Any, **kwargs: Any) -> Any:
+        calls["pools"] += 1
+        return real_summary(*args, **kwargs)
+
+    monkeypatch.setattr(orphans, "find_orphans", counting_orphans)
+    monkeypatch.setattr(pools, "bifrost_summary", counting_summary)
+    cache = FindingsCache()
+    rllm, bifrost = rllm_snapshot(), bifrost_snapshot()
+
+    def scrape(rllm_snap: TargetSnapshot, age: float) -> str:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(TargetsCollector(
+            [TargetResult(RLLM, rllm_snap, "cached", age), TargetResult(BIFROST, bifrost, "cached", age)],
+            Policy(), max_record_series=50, min_interval_seconds=15.0, cache=cache))
+        return generate_latest(registry).decode()
+
+    first = scrape(rllm, 1.0)
+    second = scrape(rllm, 2.0)
+    assert calls == {"orphans": 1, "pools": 1}
+    # the same findings, with this scrape's own age
+    def without_age(found: dict) -> dict:
+        return {k: v for k, v in found.items() if k[0] != "gatewayscope_exporter_snapshot_age_seconds"}
+
+    assert without_age(samples(first)) == without_age(samples(second))
+    assert value(samples(second), "gatewayscope_exporter_snapshot_age_seconds", target="rl-gateway") == 2.0
+    uncached = exposition([TargetResult(RLLM, rllm, "cached", 2.0), TargetResult(BIFROST, bifrost, "cached", 2.0)])
+    assert samples(second) == samples(uncached)
+    calls.update(orphans=1, pools=1)  # the uncached exposition analysed both again
+
+    # a new read of one target is analysed again; the other target's findings stay cached
+    fresh = rllm_snapshot(guard=GuardStats(tombstones=3, capacity=10, dropped_writes=1))
+    third = samples(scrape(fresh, 0.1))
+    assert calls == {"orphans": 2, "pools": 1}
+    assert value(third, "gatewayscope_trace_store_tombstones", target="rl-gateway") == 3
+
+
+def test_a_failed_read_is_never_served_findings_of_an_earlier_one() -> None:
+    from gatewayscope.exporter.collectors import FindingsCache
+
+    cache = FindingsCache()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TargetsCollector([TargetResult(RLLM, rllm_snapshot(), "read", 0.0)], Policy(),
+                                       max_record_series=50, min_interval_seconds=15.0, cache=cache))
+    assert "gatewayscope_trace_store_sessions" in generate_latest(registry).decode()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TargetsCollector([TargetResult(RLLM, rllm_snapshot(up=False), "read", 0.0)], Policy(),
+                                       max_record_series=50, min_interval_seconds=15.0, cache=cache))
+    found = samples(generate_latest(registry).decode())
+    assert value(found, "gatewayscope_up", target="rl-gateway", kind="rllm") == 0
+    assert "gatewayscope_trace_store_sessions" not in names_of(found)

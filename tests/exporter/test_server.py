@@ -465,3 +465,26 @@ def test_cli_serves_until_sigterm(gateways: dict[str, str]) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def test_connections_are_served_without_nagle(monkeypatch: pytest.MonkeyPatch,
+                                              serve: Callable[..., ExporterServer]) -> None:
+    """The answer's headers and body are two writes; with Nagle on, a scraper that keeps its connection open
+    (Prometheus does) waits for its own delayed ACK on every scrape. Every served socket has TCP_NODELAY."""
+    import socket
+
+    from gatewayscope.exporter import server as server_module
+
+    seen: list[int] = []
+    setup = server_module._Handler.setup
+
+    def recording_setup(handler: Any) -> None:
+        setup(handler)
+        seen.append(handler.connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+    monkeypatch.setattr(server_module._Handler, "setup", recording_setup)
+    server = serve(Config(targets=[], policy=Policy()), ExporterSettings(listen="127.0.0.1:0"))
+    with httpx.Client(timeout=CLIENT_TIMEOUT) as client:  # one keep-alive connection, three scrapes
+        answers = [client.get(server.url + "/exporter-metrics") for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert seen and all(seen)
