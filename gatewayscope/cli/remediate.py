@@ -14,7 +14,7 @@ from gatewayscope.config import Config, Policy, Target, load_config
 from gatewayscope.errors import ConfigError, PlanError
 from gatewayscope.remediate.apply import ActionResult, ApplyOptions, ApplyReport, apply_plan
 from gatewayscope.remediate.journal import Journal
-from gatewayscope.remediate.plan import ACTION_KINDS, DEFAULT_DELETES_PER_SECOND, Plan, build_plan, load_plan
+from gatewayscope.remediate.plan import ACTION_KINDS, Plan, build_plan, load_plan
 from gatewayscope.remediate.review import FORMATS, render_plan
 from gatewayscope.scan import take_snapshot
 
@@ -75,8 +75,8 @@ def register(subparsers: Any) -> None:
     apply.add_argument("--journal", metavar="FILE", help="the journal (default: PLAN with .journal.jsonl)")
     apply.add_argument("--concurrency", type=int, default=4, metavar="N", help="actions at once (default 4)")
     apply.add_argument("--rate", type=float, metavar="R",
-                       help=f"at most R writes per second (default: no limit, but session deletes "
-                            f"{DEFAULT_DELETES_PER_SECOND:g} per second)")
+                       help="at most R writes per second (default: no limit; session deletes run one at a "
+                            "time per target, taking at most 75%% of the gateway's time)")
     apply.add_argument("--max-errors", type=int, metavar="N",
                        help="stop starting actions after N refused or unconfirmed ones")
     apply.set_defaults(func=run_apply)
