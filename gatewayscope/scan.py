@@ -23,8 +23,13 @@ log = logging.getLogger(__name__)
 MAX_PARALLEL_TARGETS = 16
 
 
-def read_target(target: Target, policy: Policy, *, now: float, transport: Any = None) -> TargetSnapshot:
-    """Read one target; every failure is caught and described on the returned TargetSnapshot."""
+def read_target(target: Target, policy: Policy, *, now: float, transport: Any = None,
+                fingerprints: bool = True) -> TargetSnapshot:
+    """Read one target; every failure is caught and described on the returned TargetSnapshot.
+
+    ``fingerprints=False``: a Bifrost target's records are read without their plan fingerprints (a
+    report or the exporter has no use for them; a plan made from such a read is refused).
+    """
     started = time.time()
     clock = time.perf_counter()
     snap = TargetSnapshot(name=target.name, kind=target.kind, address=target.address, up=False,
@@ -41,7 +46,7 @@ def read_target(target: Target, policy: Policy, *, now: float, transport: Any = 
         else:
             from gatewayscope.sources.bifrost import read_bifrost
 
-            snap.bifrost = read_bifrost(target, policy, transport=transport, now=now)
+            snap.bifrost = read_bifrost(target, policy, transport=transport, now=now, fingerprints=fingerprints)
         snap.up = True
     except GatewayscopeError as err:
         snap.error, snap.error_kind = str(err), err.kind
@@ -59,14 +64,20 @@ def take_snapshot(
     now: float | None = None,
     transports: dict[str, Any] | None = None,
     on_target_done: Callable[[TargetSnapshot], None] | None = None,
+    fingerprints: bool = True,
 ) -> Snapshot:
-    """Read every target of ``config`` concurrently. ``transports`` maps a target name to an httpx transport."""
+    """Read every target of ``config`` concurrently. ``transports`` maps a target name to an httpx transport.
+
+    ``fingerprints=False`` is for reads that only report (see :func:`read_target`): such a snapshot
+    cannot be planned from.
+    """
     taken_at = time.time() if now is None else now
     transports = transports or {}
     results: dict[str, TargetSnapshot] = {}
 
     def work(target: Target) -> TargetSnapshot:
-        snap = read_target(target, config.policy, now=taken_at, transport=transports.get(target.name))
+        snap = read_target(target, config.policy, now=taken_at, transport=transports.get(target.name),
+                           fingerprints=fingerprints)
         if on_target_done:
             on_target_done(snap)
         return snap

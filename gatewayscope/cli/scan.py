@@ -44,7 +44,8 @@ def run_scan(args: argparse.Namespace) -> int:
         config = config_from_args(args, require_targets=False)
     else:
         config = config_from_args(args)
-        snapshot = take_snapshot(config)
+        # plan fingerprints only when the snapshot is kept (it may be planned from later)
+        snapshot = take_snapshot(config, fingerprints=bool(args.save_snapshot))
     if args.save_snapshot:
         snapshot.save(args.save_snapshot)
     report = scan_report(snapshot, config)

@@ -70,7 +70,7 @@ class _Slot:
 def _default_reader(target: Target, policy: Policy, *, now: float, transport: Any = None) -> TargetSnapshot:
     from gatewayscope.scan import read_target
 
-    return read_target(target, policy, now=now, transport=transport)
+    return read_target(target, policy, now=now, transport=transport, fingerprints=False)  # never planned from
 
 
 class TargetCache:

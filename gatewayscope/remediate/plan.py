@@ -283,6 +283,11 @@ def _bifrost_actions(snap: TargetSnapshot, config: Config, *, include_deletes: b
                      warnings: list[str]) -> list[Action]:
     data = snap.bifrost
     assert data is not None
+    if data.records["fingerprint"].null_count():
+        # safety: apply writes a record only while it still matches what was planned, which needs these
+        raise PlanError(f"{snap.name}: the records were read without plan fingerprints (a report-only read, "
+                        "like the exporter's or a scan that saved no snapshot); plan from a fresh read "
+                        "('gatewayscope plan') or a snapshot saved with 'gatewayscope scan --save-snapshot'.")
     policy = config.policy
     classified = classify_records(data.records, policy)
     unreachable = unreachable_records(data.records, data.reachability)

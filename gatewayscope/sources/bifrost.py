@@ -697,8 +697,11 @@ def _int_field(block: Any, key: str, default: int, name: str) -> int:
     return int(value)
 
 
-def record_row(record: dict[str, Any]) -> dict[str, Any]:
+def record_row(record: dict[str, Any], *, fingerprint: bool = True) -> dict[str, Any]:
     """One RECORDS_SCHEMA row from a provider record as the API returns it (secrets never copied).
+
+    ``fingerprint=False`` leaves the row's ``fingerprint`` null: the hash of the sanitized record costs
+    about as much as the rest of the row, and only a plan needs it.
 
     >>> row = record_row({"name": "acme__m", "custom_provider_config": {"base_provider_type": "openai"},
     ...                   "network_config": {"base_url": "http://h.example/v1"},
@@ -725,7 +728,7 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
         "base_url": redact_url(base_url) if isinstance(base_url, str) and base_url else None,
         "provider_status": status if isinstance(status, str) else None,
         # everything but the pool itself, so a plan can tell "changed since planned" from "resized"
-        "fingerprint": record_fingerprint(record, exclude=POOL_FIELDS),
+        "fingerprint": record_fingerprint(record, exclude=POOL_FIELDS) if fingerprint else None,
     }
 
 
@@ -746,6 +749,7 @@ def read_bifrost(
     transport: httpx.BaseTransport | None = None,
     resolver: HostResolver | Callable[[str], Any] | None = None,
     now: float | None = None,
+    fingerprints: bool = True,
 ) -> BifrostData:
     """Read one Bifrost gateway into a :class:`BifrostData` (sanitized records, safe client settings).
 
@@ -754,8 +758,10 @@ def read_bifrost(
     ``resolver`` is a :class:`HostResolver`, or a plain ``lookup(host)`` callable that raises when the
     host does not resolve (wrapped in a fresh resolver without the process cache); ``now`` (epoch
     seconds, the snapshot's time) stamps and ages the DNS cache. ``policy`` is accepted for symmetry
-    with the other sources; reading does not depend on it. Raises the client's typed errors when the
-    listing or config fails; a failing health or version check is recorded in ``health``/``version``.
+    with the other sources; reading does not depend on it. ``fingerprints=False`` skips each record's
+    plan fingerprint (a read that only reports, like the exporter's, has no use for it; a plan refuses
+    such a read). Raises the client's typed errors when the listing or config fails; a failing health or
+    version check is recorded in ``health``/``version``.
     """
     del policy  # the read is the same under every policy
     with client_for(target, transport=transport) as client:
@@ -769,7 +775,8 @@ def read_bifrost(
             version: str | None = client.version()
         except (HTTPStatusError, BadResponseError):
             version = None
-    records = frame_from_rows([record_row(record) for record in providers], RECORDS_SCHEMA)
+    records = frame_from_rows([record_row(record, fingerprint=fingerprints) for record in providers],
+                              RECORDS_SCHEMA)
     # each distinct base URL once: a listing repeats a few hundred of them over thousands of records
     urls = records.select(pl.col("base_url").unique())
     hosts = urls.select(base_url_host(pl.col("base_url")).alias("host"))["host"].drop_nulls().to_list()

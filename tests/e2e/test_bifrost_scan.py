@@ -337,3 +337,42 @@ def test_pool_write_against_the_emulator(emulator: BifrostEmulator) -> None:
     assert answer["concurrency_and_buffer_size"] == {"concurrency": 64, "buffer_size": 1024}
     assert emulator.parked_workers(name) == 64
     assert emulator.restarts(name) == 1
+
+
+def test_only_a_scan_that_keeps_its_snapshot_pays_for_plan_fingerprints(
+        emulator: BifrostEmulator, tmp_path: Any, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gatewayscope.cli import main
+    from gatewayscope.config import Config
+    from gatewayscope.remediate.plan import build_plan
+    from gatewayscope.snapshot import Snapshot
+    from gatewayscope.sources import bifrost
+
+    seed_small(emulator)
+    hashed: list[str] = []
+    real = bifrost.record_fingerprint
+
+    def counting(record: dict[str, Any], **kwargs: Any) -> str:
+        hashed.append(record["name"])
+        return real(record, **kwargs)
+
+    monkeypatch.setattr(bifrost, "record_fingerprint", counting)
+    assert main(["scan", "--bifrost", emulator.url, "--format", "json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["targets"][0]
+    assert hashed == []  # a report has no use for them
+
+    saved = tmp_path / "snap"
+    assert main(["scan", "--bifrost", emulator.url, "--format", "json", "--save-snapshot", str(saved)]) == 0
+    kept = json.loads(capsys.readouterr().out)["targets"][0]
+    assert sorted(hashed) == sorted(emulator.record_names())
+    assert kept["records_over_pool"] == plain["records_over_pool"] and kept["parked_workers"] == plain["parked_workers"]
+
+    # the saved snapshot plans offline, each shrink carrying the fingerprint of the record as read
+    snapshot = Snapshot.load(saved)
+    config = Config(targets=[Target(name=snapshot.targets[0].name, kind="bifrost", url=emulator.url)], policy=Policy())
+    plan = build_plan(snapshot, config)
+    shrinks = [a for a in plan.actions if a.kind == "pool_shrink"]
+    assert shrinks
+    with BifrostClient(emulator.url) as client:
+        for action in shrinks:
+            assert action.fingerprint == real(client.get_provider(action.subject), exclude=bifrost.POOL_FIELDS)

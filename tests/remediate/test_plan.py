@@ -138,6 +138,16 @@ def test_pool_shrink_to_the_kind_pool_with_a_queue_16_deep_per_worker() -> None:
     assert not any(a.destructive for a in plan.actions)
 
 
+def test_a_read_without_plan_fingerprints_is_refused_not_planned() -> None:
+    """A plan action carries the fingerprint apply compares before writing; a report-only read (the
+    exporter's, a scan that saved no snapshot) has none, and planning from it must say so."""
+    rows = [record("acme__vllm__llama", 1000, 5000, base_url="http://gpu.example/v1")]
+    unprinted = [(*row[:-1], None) for row in rows]
+    with pytest.raises(PlanError, match="without plan fingerprints.*--save-snapshot"):
+        plan_of(snapshot(bifrost_target(unprinted, live_hosts=("gpu.example",))))
+    assert plan_of(snapshot(bifrost_target(rows, live_hosts=("gpu.example",)))).actions
+
+
 def test_pool_policy_overrides_set_the_targets() -> None:
     snap = snapshot(bifrost_target([record("openai", 1000, 5000, custom=False), record("a__m", 1000, 5000)]))
     actions = by_subject(plan_of(snap, Policy(standard_pool=256, custom_pool=100, queue_per_worker=16)))

@@ -605,6 +605,23 @@ def test_read_bifrost_builds_sanitized_records_and_safe_config(monkeypatch: pyte
         assert secret not in stored
 
 
+def test_a_report_only_read_skips_the_plan_fingerprints_and_nothing_else() -> None:
+    records = [secret_record(),
+               {"name": "openai", "concurrency_and_buffer_size": {"concurrency": 512, "buffer_size": 8192}}]
+    target = Target(name="bf", kind="bifrost", url=BASE)
+
+    def read(fingerprints: bool) -> Any:
+        rec = Recorder(gateway(records))
+        return read_bifrost(target, Policy(), transport=httpx.MockTransport(rec), resolver=lambda h: None,
+                            fingerprints=fingerprints)
+
+    full, report_only = read(True), read(False)
+    assert report_only.records["fingerprint"].to_list() == [None, None]
+    assert full.records["fingerprint"].null_count() == 0
+    assert report_only.records.drop("fingerprint").equals(full.records.drop("fingerprint"))
+    assert report_only.reachability.equals(full.reachability)
+
+
 def test_read_bifrost_auth_error_names_the_env_vars(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BF_USER", "admin")
     monkeypatch.setenv("BF_PW", "wrong-" + PASSWORD)
