@@ -45,6 +45,8 @@ SIZES = {"full": 100_000, "small": 10_000, "tiny": 600}
 ORPHAN_SHARE = 0.015
 IDLE = 7200.0
 RATIO_TARGET = 1.3
+#: a run this much slower than its side's best took a gateway GC pause (they add 100% or more)
+PAUSED = 1.5
 
 
 def _child_ours(url: str, now: float) -> dict[str, Any]:
@@ -93,7 +95,7 @@ def memory_store_scan(ctx: BenchContext) -> BenchResult:
     from bench._support import fill_sessions, rollout_uid, run_gateway
 
     n_sessions = SIZES[ctx.size]
-    runs = ctx.runs_or(8, 5, 1)
+    runs = ctx.runs_or(16, 5, 1)
     n_orphans = max(1, round(n_sessions * ORPHAN_SHARE))
     # task groups of 8 rollouts; the orphans are 1-4 stragglers of some groups (as the seed's race leaves them)
     orphan_ids = [f"{rollout_uid()}:{k % 4}" for k in range(n_orphans)]
@@ -126,12 +128,16 @@ def memory_store_scan(ctx: BenchContext) -> BenchResult:
             for side in ((bare, ours) if i % 2 == 0 else (ours, bare)):
                 (ours_runs if side is ours else bare_runs).append(side())
     # means, not medians: the gateway pauses for a generation-2 collection of its heap on about every other
-    # big listing, whoever asks (py-spy --native: 46% of its samples in gc_collect at 30,000 sessions), so
-    # each side's times are bimodal and a median picks a mode by luck; a mean over alternating runs shares
-    # the pauses out as they fall. The best run of each side (no pause) is shown too.
+    # big listing, whoever asks (py-spy --native: 46% of its samples in gc_collect at 30,000 sessions; a
+    # pause is ~2.8 s at 100,000 sessions, more than a whole pause-free scan), so each side's times are
+    # bimodal and a median picks a mode by luck; a mean over many alternating runs shares the pauses out
+    # as they fall (8 runs a side gave 1.15x and 1.35x in two runs of the same code). The pause-free
+    # ratio (best run of each side) and how many runs of each side took a pause are shown too.
     ours_s = statistics.fmean(r["seconds"] for r in ours_runs)
     bare_s = statistics.fmean(r["seconds"] for r in bare_runs)
     best_ours, best_bare = min(r["seconds"] for r in ours_runs), min(r["seconds"] for r in bare_runs)
+    paused_ours = sum(r["seconds"] > PAUSED * best_ours for r in ours_runs)
+    paused_bare = sum(r["seconds"] > PAUSED * best_bare for r in bare_runs)
     peak = max(r["peak_rss"] for r in ours_runs)
     return BenchResult(
         name=NAME, ours_seconds=ours_s, baseline_seconds=bare_s, peak_rss_bytes=peak,
@@ -143,6 +149,7 @@ def memory_store_scan(ctx: BenchContext) -> BenchResult:
                     + ", bare " + "/".join(f"{r['seconds']:.2f}" for r in bare_runs) + " s)",
             "means of runs": f"best run ours {best_ours:.2f} s, bare {best_bare:.2f} s, "
                              f"{best_ours / best_bare:.2f}x",
+            "runs with a gateway GC pause": f"ours {paused_ours}/{runs}, bare {paused_bare}/{runs}",
             "bare peak RSS": f"{max(r['peak_rss'] for r in bare_runs) / 2**20:.0f} MB",
             "candidates read": f"{ours_runs[0]['candidates']:,}",
         },

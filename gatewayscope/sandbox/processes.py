@@ -164,8 +164,9 @@ class RllmGatewayProcess:
         self.stop()
 
 
-def _start_on_free_port(name: str, make_argv: Callable[[int], list[str]], *, host: str, port: int | None,
-                        health_path: str, timeout: float, attempts: int = 3) -> tuple[ManagedProcess, str]:
+def start_on_free_port(name: str, make_argv: Callable[[int], list[str]], *, host: str = "127.0.0.1",
+                       port: int | None = None, health_path: str, timeout: float,
+                       attempts: int = 3) -> tuple[ManagedProcess, str]:
     """Start a server on ``port`` (or a free one, retrying a lost port race); wait for its health URL."""
     tries = 1 if port is not None else max(1, attempts)
     last: RuntimeError | None = None
@@ -187,7 +188,7 @@ def _start_on_free_port(name: str, make_argv: Callable[[int], list[str]], *, hos
 def start_stub_worker(*, host: str = "127.0.0.1", port: int | None = None, model: str | None = None,
                       timeout: float = 30.0) -> StubWorkerProcess:
     """Start the stub worker (on a free port unless ``port``) and wait until ``/health`` answers."""
-    proc, url = _start_on_free_port("stub-worker", lambda p: stub_worker_argv(p, host=host, model=model),
+    proc, url = start_on_free_port("stub-worker", lambda p: stub_worker_argv(p, host=host, model=model),
                                     host=host, port=port, health_path="/health", timeout=timeout)
     return StubWorkerProcess(url=url, process=proc)
 
@@ -210,7 +211,7 @@ def start_rllm_gateway(worker_url: str, *, store: str = "memory", db_path: str |
     if store == "sqlite" and db_path is None:
         raise ValueError("a SQLite gateway needs db_path (its default is ~/.rllm/gateway_traces.db)")
     db = str(db_path) if db_path is not None else None
-    proc, url = _start_on_free_port(
+    proc, url = start_on_free_port(
         f"rllm-gateway-{store}",
         lambda p: rllm_gateway_argv(p, worker_url, store=store, db_path=db, host=host),
         host=host, port=port, health_path="/health", timeout=timeout)

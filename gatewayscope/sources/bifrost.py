@@ -49,6 +49,7 @@ from gatewayscope.errors import (
     UnreachableError,
 )
 from gatewayscope.snapshot import REACHABILITY_SCHEMA, RECORDS_SCHEMA, BifrostData, frame_from_rows
+from gatewayscope.sources._gcpause import gc_paused
 from gatewayscope.sources._tls import shared_ssl_context
 
 #: a pool write's budget (seed 002): base URL DNS check 5 s + upstream model listing 15 s + margin
@@ -407,7 +408,8 @@ class BifrostClient:
         if allow_empty and not response.content.strip():
             return None
         try:
-            return response.json()
+            with gc_paused():  # a listing is ~100,000 fresh containers and no cycle (see _gcpause)
+                return response.json()
         except (ValueError, UnicodeDecodeError):
             pass  # raised below, outside the handler, so the error holds no copy of the body
         kind = response.headers.get("content-type", "no content type").split(";")[0]
@@ -775,8 +777,9 @@ def read_bifrost(
             version: str | None = client.version()
         except (HTTPStatusError, BadResponseError):
             version = None
-    records = frame_from_rows([record_row(record, fingerprint=fingerprints) for record in providers],
-                              RECORDS_SCHEMA)
+    with gc_paused():
+        records = frame_from_rows([record_row(record, fingerprint=fingerprints) for record in providers],
+                                  RECORDS_SCHEMA)
     # each distinct base URL once: a listing repeats a few hundred of them over thousands of records
     urls = records.select(pl.col("base_url").unique())
     hosts = urls.select(base_url_host(pl.col("base_url")).alias("host"))["host"].drop_nulls().to_list()

@@ -35,6 +35,7 @@ from gatewayscope.snapshot import (
     TraceStoreData,
     frame_from_rows,
 )
+from gatewayscope.sources._gcpause import gc_paused
 from gatewayscope.sources._tls import shared_ssl_context
 
 #: session ids per ``POST /traces/query`` (and per guard check)
@@ -96,7 +97,8 @@ class RllmClient:
     def json_of(response: httpx.Response) -> Any:
         """An answer's parsed JSON, or BadResponseError saying it is not JSON."""
         try:
-            return response.json()
+            with gc_paused():  # large answers: many fresh containers, no cycle (see _gcpause)
+                return response.json()
         except ValueError:
             snippet = response.text[:80].replace("\n", " ")
             raise BadResponseError(
@@ -281,11 +283,9 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
             if not isinstance(body, list):
                 raise BadResponseError("POST /traces/query did not return a list of traces.")
             wanted = set(batch)
-            out = []
-            for trace in body:
-                if isinstance(trace, dict) and trace.get("session_id") in wanted:
-                    out.append(trace_row(trace))
-            return out
+            with gc_paused():
+                return [trace_row(trace) for trace in body
+                        if isinstance(trace, dict) and trace.get("session_id") in wanted]
 
         with ThreadPoolExecutor(max_workers=target.concurrency) as pool:
             for part in pool.map(fetch, _batches(candidates, QUERY_BATCH)):

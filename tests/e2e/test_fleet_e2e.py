@@ -16,15 +16,15 @@ from __future__ import annotations
 import copy
 import shutil
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from gatewayscope.sandbox.processes import ManagedProcess, free_port
+from tests.helpers import start_server as start
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 yaml = pytest.importorskip("yaml")
@@ -32,33 +32,6 @@ yaml = pytest.importorskip("yaml")
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = ROOT / "dashboards" / "prometheus" / "scrape-fleet-100.yml"
 WAIT = 120.0
-
-
-def wait_for(what: str, probe: Callable[[], Any], done: Callable[[Any], bool], timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if done(value):
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"{what}: still {value!r} after {timeout:.0f} s")
-        time.sleep(0.5)
-
-
-def start(name: str, make_argv: Callable[[int], list[str]], health: str) -> tuple[ManagedProcess, str]:
-    last: Exception | None = None
-    for _ in range(3):
-        port = free_port()
-        proc = ManagedProcess(name, make_argv(port))
-        url = f"http://127.0.0.1:{port}"
-        try:
-            proc.wait_http(url + health, timeout=60)
-        except RuntimeError as err:
-            proc.stop()
-            last = err
-            continue
-        return proc, url
-    raise AssertionError(f"{name} did not start: {last}")
 
 
 def query(prometheus: str, expr: str) -> list[dict[str, Any]]:
@@ -147,7 +120,7 @@ def test_scrape_fleet_100_in_a_real_prometheus(processes: list[Any], tmp_path: P
     # all 100 gateways up, each its own instance, each through the exporter holding it
     wait_for("100 gateways scraped and read up",
              lambda: len(query(prometheus_url, 'gatewayscope_up{job="gatewayscope-targets"} == 1')),
-             lambda n: n == 100)
+             lambda n: n == 100, timeout=WAIT, interval=0.5)
     series = query(prometheus_url, 'gatewayscope_up{job="gatewayscope-targets"}')
     assert len(series) == 100
     assert all(s["metric"]["instance"] == s["metric"]["target"] for s in series)
@@ -157,9 +130,10 @@ def test_scrape_fleet_100_in_a_real_prometheus(processes: list[Any], tmp_path: P
     assert len(records) == 25
     # the exporters: four, up, and each one read only its own shard
     wait_for("the four exporters' own metrics",
-             lambda: len(query(prometheus_url, 'up{job="gatewayscope-exporter"} == 1')), lambda n: n == 4)
+             lambda: len(query(prometheus_url, 'up{job="gatewayscope-exporter"} == 1')), lambda n: n == 4,
+             timeout=WAIT, interval=0.5)
     for address, names in shards.items():
         expr = f'gatewayscope_exporter_target_reads_total{{instance="{address}",result="ok"}}'
         assert sorted(s["metric"]["target"] for s in query(prometheus_url, expr)) == sorted(names)
         wait_for(f"{address} has read its whole shard", lambda expr=expr: len(query(prometheus_url, f"{expr} > 0")),
-                 lambda n, names=names: n == len(names))
+                 lambda n, names=names: n == len(names), timeout=WAIT, interval=0.5)

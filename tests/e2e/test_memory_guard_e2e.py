@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -18,6 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gatewayscope.sandbox.rollouts import RolloutRun, retry_rollout, run_rollouts
+from tests.helpers import gateway_sessions as sessions
+from tests.helpers import guard_status, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -27,28 +28,6 @@ N_LIVE = 3
 DELAY = 2.0  # seconds a straggler's late call spends at the worker
 #: a guarded straggler's trace never shows up: don't let the driver wait long for it
 GUARDED_SETTLE = 0.3
-
-
-def wait_for(what: str, probe: Callable[[], Any], done: Callable[[Any], bool], timeout: float = 20.0) -> Any:
-    """Poll ``probe`` until ``done(value)``; fail with the last value after ``timeout`` (a bounded wait)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if done(value) or time.monotonic() >= deadline:
-            assert done(value), f"{what}: still {value!r} after {timeout:.0f} s"
-            return value
-        time.sleep(0.05)
-
-
-def sessions(url: str) -> dict[str, int]:
-    """session id -> trace count, as the gateway lists them."""
-    return {row["session_id"]: row["trace_count"] for row in httpx.get(f"{url}/sessions", timeout=10).json()}
-
-
-def guard_status(url: str) -> dict[str, Any]:
-    response = httpx.get(f"{url}/guard/status", timeout=10)
-    response.raise_for_status()
-    return dict(response.json())
 
 
 def metrics(url: str) -> dict[str, float]:

@@ -32,6 +32,7 @@ from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import Plan, build_plan
 from gatewayscope.scan import scan_report, take_snapshot
 from gatewayscope.snapshot import Snapshot
+from tests.helpers import gateway_sessions as sessions
 
 pytestmark = pytest.mark.e2e
 
@@ -117,10 +118,6 @@ def over_policy(state: dict[str, Any], policy: Policy) -> list[str]:
         custom = row["kind"] == "custom" or row["name"].endswith("__anthropic")
         return policy.custom_pool if custom else policy.standard_pool
     return sorted(row["name"] for row in state["records"] if row["concurrency"] > pool(row))
-
-
-def sessions(url: str) -> dict[str, int]:
-    return {row["session_id"]: row["trace_count"] for row in httpx.get(f"{url}/sessions", timeout=10).json()}
 
 
 def gateway_urls(sandbox: Any) -> dict[str, str]:

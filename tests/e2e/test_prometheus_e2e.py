@@ -35,7 +35,6 @@ import json
 import re
 import shutil
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,8 @@ import pytest
 from gatewayscope.config import DEFAULT_MEMORY_LIMIT_BYTES
 from gatewayscope.sandbox.processes import ManagedProcess, free_port
 from gatewayscope.sandbox.rollouts import RolloutRun, run_rollouts
+from tests.helpers import start_server as start_on_free_port
+from tests.helpers import wait_for as wait_until
 
 pytestmark = pytest.mark.e2e
 yaml = pytest.importorskip("yaml")
@@ -60,33 +61,8 @@ WAIT = 90.0  # the bound on every wait for Prometheus to see something
 
 
 def wait_for(what: str, probe: Callable[[], Any], done: Callable[[Any], bool], timeout: float = WAIT) -> Any:
-    """Poll ``probe`` until ``done(value)``; fail with the last value after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if done(value):
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"{what}: still {value!r} after {timeout:.0f} s")
-        time.sleep(0.5)
-
-
-def start_on_free_port(name: str, make_argv: Callable[[int], list[str]],
-                       health_path: str) -> tuple[ManagedProcess, str]:
-    """Start a server on a free port (retrying a lost port race) and wait for its health URL."""
-    last: Exception | None = None
-    for _ in range(3):
-        port = free_port()
-        proc = ManagedProcess(name, make_argv(port))
-        url = f"http://127.0.0.1:{port}"
-        try:
-            proc.wait_http(url + health_path, timeout=60)
-        except RuntimeError as err:
-            proc.stop()
-            last = err
-            continue
-        return proc, url
-    raise AssertionError(f"{name} did not start: {last}")
+    """Wait for Prometheus to see something (bounded by WAIT, polled every half second)."""
+    return wait_until(what, probe, done, timeout=timeout, interval=0.5)
 
 
 class Prom:

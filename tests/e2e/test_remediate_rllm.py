@@ -19,8 +19,6 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -34,32 +32,12 @@ from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import build_plan
 from gatewayscope.sandbox.rollouts import run_rollouts
 from gatewayscope.scan import take_snapshot
+from tests.helpers import gateway_sessions as sessions
+from tests.helpers import guard_status, wait_for
 
 pytestmark = pytest.mark.e2e
 
 TAIL = "0 refused, 0 unconfirmed, 0 gone, 0 stale, 0 already-done"
-
-
-def wait_for(what: str, probe: Callable[[], Any], done: Callable[[Any], bool], timeout: float = 20.0) -> Any:
-    """Poll ``probe`` until ``done(value)`` (a bounded wait; fails with the last value)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if done(value) or time.monotonic() >= deadline:
-            assert done(value), f"{what}: still {value!r} after {timeout:.0f} s"
-            return value
-        time.sleep(0.05)
-
-
-def sessions(url: str) -> dict[str, int]:
-    """Session id -> trace count, as the gateway lists them."""
-    return {row["session_id"]: row["trace_count"] for row in httpx.get(f"{url}/sessions", timeout=10).json()}
-
-
-def guard_status(url: str) -> dict[str, Any]:
-    response = httpx.get(f"{url}/guard/status", timeout=10)
-    response.raise_for_status()
-    return dict(response.json())
 
 
 def late_call(url: str, session_id: str) -> None:

@@ -13,8 +13,7 @@ ipywidgets objects, and the outcome is read back from the gateways themselves.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,8 @@ from gatewayscope.remediate.apply import ApplyOptions
 from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import load_plan
 from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_realistic, seed_small
+from tests.helpers import gateway_sessions as sessions
+from tests.helpers import wait_for
 
 ADMIN, PASSWORD, PASSWORD_ENV = "admin", "Notebook-Emulator-Pw-7!", "GS_TEST_NOTEBOOK_EMU_PW"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -316,21 +317,6 @@ def test_a_plan_file_reviews_and_applies_under_its_own_id(emu: BifrostEmulator, 
 
 
 # -- the real rLLM gateway -----------------------------------------------------------------------------------
-
-
-def sessions(url: str) -> dict[str, int]:
-    return {row["session_id"]: row["trace_count"] for row in httpx.get(f"{url}/sessions", timeout=10).json()}
-
-
-def wait_for(what: str, probe: Callable[[], Any], done: Callable[[Any], bool], timeout: float = 20.0) -> Any:
-    """Poll ``probe`` until ``done(value)`` (a bounded wait; fails with the last value)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if done(value) or time.monotonic() >= deadline:
-            assert done(value), f"{what}: still {value!r} after {timeout:.0f} s"
-            return value
-        time.sleep(0.05)
 
 
 @pytest.mark.e2e
