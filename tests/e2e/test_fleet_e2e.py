@@ -17,6 +17,7 @@ import copy
 import shutil
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import httpx
 import pytest
 
 from tests.helpers import start_server as start
-from tests.helpers import wait_for
+from tests.helpers import wait_for as wait_until
 
 pytestmark = pytest.mark.e2e
 yaml = pytest.importorskip("yaml")
@@ -32,6 +33,8 @@ yaml = pytest.importorskip("yaml")
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = ROOT / "dashboards" / "prometheus" / "scrape-fleet-100.yml"
 WAIT = 120.0
+#: waits on Prometheus: bounded by WAIT, polled every half second
+wait_for = partial(wait_until, timeout=WAIT, interval=0.5)
 
 
 def query(prometheus: str, expr: str) -> list[dict[str, Any]]:
@@ -120,7 +123,7 @@ def test_scrape_fleet_100_in_a_real_prometheus(processes: list[Any], tmp_path: P
     # all 100 gateways up, each its own instance, each through the exporter holding it
     wait_for("100 gateways scraped and read up",
              lambda: len(query(prometheus_url, 'gatewayscope_up{job="gatewayscope-targets"} == 1')),
-             lambda n: n == 100, timeout=WAIT, interval=0.5)
+             lambda n: n == 100)
     series = query(prometheus_url, 'gatewayscope_up{job="gatewayscope-targets"}')
     assert len(series) == 100
     assert all(s["metric"]["instance"] == s["metric"]["target"] for s in series)
@@ -130,10 +133,9 @@ def test_scrape_fleet_100_in_a_real_prometheus(processes: list[Any], tmp_path: P
     assert len(records) == 25
     # the exporters: four, up, and each one read only its own shard
     wait_for("the four exporters' own metrics",
-             lambda: len(query(prometheus_url, 'up{job="gatewayscope-exporter"} == 1')), lambda n: n == 4,
-             timeout=WAIT, interval=0.5)
+             lambda: len(query(prometheus_url, 'up{job="gatewayscope-exporter"} == 1')), lambda n: n == 4)
     for address, names in shards.items():
         expr = f'gatewayscope_exporter_target_reads_total{{instance="{address}",result="ok"}}'
         assert sorted(s["metric"]["target"] for s in query(prometheus_url, expr)) == sorted(names)
         wait_for(f"{address} has read its whole shard", lambda expr=expr: len(query(prometheus_url, f"{expr} > 0")),
-                 lambda n, names=names: n == len(names), timeout=WAIT, interval=0.5)
+                 lambda n, names=names: n == len(names))

@@ -35,7 +35,8 @@ import json
 import re
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +61,8 @@ TOMBSTONE_CAPACITY = 20
 WAIT = 90.0  # the bound on every wait for Prometheus to see something
 
 
-def wait_for(what: str, probe: Callable[[], Any], done: Callable[[Any], bool], timeout: float = WAIT) -> Any:
-    """Wait for Prometheus to see something (bounded by WAIT, polled every half second)."""
-    return wait_until(what, probe, done, timeout=timeout, interval=0.5)
+#: waits on Prometheus: bounded by WAIT, polled every half second
+wait_for = partial(wait_until, timeout=WAIT, interval=0.5)
 
 
 class Prom:
