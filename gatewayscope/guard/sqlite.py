@@ -35,8 +35,8 @@ Cost per trace write: one primary-key lookup in the tombstone table per statemen
 of the trace's ``data`` (SQLite's C parser; the gateway's own ``json.dumps`` of the same data costs an
 order of magnitude more). Nothing scans a table per write.
 
-Every write here is a short ``BEGIN IMMEDIATE`` transaction with a busy timeout, so it can run while the
-gateway writes (the gateway's own busy timeout is 20 s); reads are plain autocommit statements. DELETE and
+Every write here is a short ``BEGIN EXCLUSIVE`` transaction (see ``_write_transaction``), so it can run
+while the gateway writes (the gateway's own busy timeout is 20 s); reads are plain autocommit statements. DELETE and
 WAL journal modes both work; the journal mode is never changed.
 """
 
@@ -52,6 +52,7 @@ from typing import Any
 
 from gatewayscope.errors import ConfigError, StoreError
 from gatewayscope.snapshot import GuardStats
+from gatewayscope.sources.rllm_sqlite import retry_while_locked
 
 #: version of the tables and triggers below; install refuses a file installed by a newer gatewayscope
 SCHEMA_VERSION = 1
@@ -317,8 +318,12 @@ def _connection(path: str | Path, *, readonly: bool, busy_timeout: float) -> Ite
         conn.close()
 
 
+#: the longest sleep between two tries for the write lock (see _write_transaction)
+WRITE_POLL_SECONDS = 0.0005
+
+
 class _Transaction:
-    """An open ``BEGIN IMMEDIATE``; ``rollback_only()`` ends it without writing anything."""
+    """An open write transaction; ``rollback_only()`` ends it without writing anything."""
 
     def __init__(self) -> None:
         self.rollback = False
@@ -328,9 +333,25 @@ class _Transaction:
 
 
 @contextlib.contextmanager
-def _write_transaction(conn: sqlite3.Connection) -> Iterator[_Transaction]:
-    """``BEGIN IMMEDIATE`` (waits for the gateway's write lock within the busy timeout) ... ``COMMIT``."""
-    conn.execute("BEGIN IMMEDIATE")
+def _write_transaction(conn: sqlite3.Connection, busy_timeout: float) -> Iterator[_Transaction]:
+    """``BEGIN EXCLUSIVE`` ... ``COMMIT``, waiting up to ``busy_timeout`` seconds for the lock.
+
+    Exclusive, not immediate: the 0.1.0 gateway runs its persists and its reads concurrently on one
+    connection, so it may hold a read statement open when it starts a write. If another connection then
+    holds the write (RESERVED) lock, SQLite fails the gateway's write at once with "database is locked"
+    instead of letting it wait (waiting could deadlock), and that trace is lost. An exclusive
+    transaction only starts when no statement of the gateway is open, and while it runs every gateway
+    statement waits in the gateway's busy handler (20 s) instead.
+
+    Each try for the lock is immediate and they come every quarter to half millisecond, instead of
+    sleeping in SQLite's busy handler: a failed try holds nothing, so a gateway write that comes
+    meanwhile is never refused, and a busy gateway leaves only short gaps between its transactions that
+    the handler's sleeps, growing to 100 ms, would miss until the timeout (the reader polls the same way,
+    :func:`gatewayscope.sources.rllm_sqlite.retry_while_locked`).
+    """
+    conn.execute("PRAGMA busy_timeout = 0")
+    retry_while_locked(lambda: conn.execute("BEGIN EXCLUSIVE"), busy_timeout, max_interval=WRITE_POLL_SECONDS)
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
     txn = _Transaction()
     try:
         yield txn
@@ -415,15 +436,15 @@ def install(path: str | Path, *, capacity: int | None = None,
     table (0 = unlimited); ``None`` keeps the installed capacity, or uses 1,000,000 on a first install.
     Lowering it evicts the oldest tombstones now (counted as evictions).
 
-    Safe while the gateway runs: one short ``BEGIN IMMEDIATE`` transaction, waiting at most
-    ``busy_timeout`` seconds for the gateway's write lock; the gateway's own writes wait for ours (its
+    Safe while the gateway runs: one short exclusive transaction, waiting at most ``busy_timeout``
+    seconds for the lock; the gateway's own writes wait for ours (its
     busy timeout is 20 s) and then see the triggers. Raises StoreError for a missing file or one that is
     not an rLLM trace store, and ConfigError for a negative capacity.
     """
     _validate_capacity(capacity)
     name = str(path)
     with (_connection(path, readonly=False, busy_timeout=busy_timeout) as conn,
-          _write_transaction(conn) as txn):
+          _write_transaction(conn, busy_timeout) as txn):
         _check_trace_store(conn, name)
         present = _objects(conn)
         meta = _meta(conn) if META_TABLE in present else {}
@@ -494,7 +515,7 @@ def uninstall(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -
     """Drop the guard's triggers, indexes and tables from ``path``; the gateway's own objects and rows
     stay exactly as they are. Tombstones are discarded: stragglers resurrect sessions again afterwards."""
     name = str(path)
-    with _connection(path, readonly=False, busy_timeout=busy_timeout) as conn, _write_transaction(conn):
+    with _connection(path, readonly=False, busy_timeout=busy_timeout) as conn, _write_transaction(conn, busy_timeout):
         present = _objects(conn)
         tombstones = 0
         if TOMBSTONES_TABLE in present:
@@ -652,7 +673,7 @@ def add_tombstones(path: str | Path, session_ids: Iterable[str], *,
                f"VALUES (?, ?, (SELECT IFNULL(MAX(seq), 0) + 1 FROM {TOMBSTONES_TABLE}), 'backfill')")
         for batch in _batches(ids, WRITE_BATCH):
             now = time.time()
-            with _write_transaction(conn):
+            with _write_transaction(conn, busy_timeout):
                 cursor = conn.executemany(sql, [(sid, now) for sid in batch])
                 # rowcount counts the statement's own inserts, not the rows the triggers touch
                 new += max(cursor.rowcount, 0)
@@ -667,7 +688,7 @@ def lift_tombstone(path: str | Path, session_id: str, *, busy_timeout: float = D
     name = str(path)
     with _connection(path, readonly=False, busy_timeout=busy_timeout) as conn:
         _require_installed(conn, name)
-        with _write_transaction(conn):
+        with _write_transaction(conn, busy_timeout):
             cursor = conn.execute(f"DELETE FROM {TOMBSTONES_TABLE} WHERE session_id = ?", (session_id,))
             return cursor.rowcount > 0
 

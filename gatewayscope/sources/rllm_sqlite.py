@@ -19,9 +19,9 @@ import bisect
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -35,6 +35,8 @@ from gatewayscope.snapshot import (
     empty_frame,
     frame_from_rows,
 )
+
+T = TypeVar("T")
 
 #: most sessions one page may hold (a memory bound: a page usually ends sooner, on STATEMENT_SECONDS)
 SESSION_PAGE = 100_000
@@ -126,23 +128,33 @@ def _poll_interval(waited: float) -> float:
     return 0.001 if waited < 1.0 else 0.01
 
 
-def _start(conn: sqlite3.Connection, sql: str, params: Sequence[Any],
-           busy_timeout: float) -> tuple[sqlite3.Cursor, float]:
-    """Start a read statement (its first step takes the lock): the cursor and when it got the lock.
-
-    A locked file is retried here (see the module docstring) until the lock has stayed out of reach
-    for ``busy_timeout`` seconds; then the last "database is locked" error is raised.
-    """
+def retry_while_locked(attempt: Callable[[], T], busy_timeout: float, *, max_interval: float = 0.01) -> T:
+    """``attempt()``, tried again while it fails with "database is locked" or "busy", polling finely
+    (see the module docstring, and never sleeping longer than ``max_interval``) until the lock has stayed
+    out of reach for ``busy_timeout`` seconds; then the last such error is raised. Run the connection
+    with ``PRAGMA busy_timeout = 0`` so that SQLite's own growing sleeps do not come first."""
     first_try = time.monotonic()
     while True:  # bounded by busy_timeout
-        started = time.monotonic()
         try:
-            return conn.execute(sql, params), started
+            return attempt()
         except sqlite3.OperationalError as err:
             waited = time.monotonic() - first_try
             if not _is_busy(err) or waited >= busy_timeout:
                 raise
-        time.sleep(_poll_interval(waited))
+        time.sleep(min(max_interval, _poll_interval(waited)))
+
+
+def _start(conn: sqlite3.Connection, sql: str, params: Sequence[Any],
+           busy_timeout: float) -> tuple[sqlite3.Cursor, float]:
+    """Start a read statement (its first step takes the lock): the cursor and when it got the lock.
+
+    A locked file is retried with :func:`retry_while_locked`.
+    """
+    def attempt() -> tuple[sqlite3.Cursor, float]:
+        started = time.monotonic()
+        return conn.execute(sql, params), started
+
+    return retry_while_locked(attempt, busy_timeout)
 
 
 def fetch_all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *,
