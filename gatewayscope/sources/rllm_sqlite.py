@@ -9,6 +9,10 @@ the last whole session read. Candidate traces are read the same way.
 Between statements the reader polls for the lock itself, every fraction of a millisecond, rather than
 with SQLite's busy handler: its sleeps grow to 100 ms, and against a gateway that commits
 back-to-back each of them lands in the next commit, so a reader that sleeps that way starves.
+On Linux the reader also watches for a writer waiting on it (a writer in another process, such as the
+gateway, holds the PENDING lock byte while it waits to commit; see :class:`WriterProbe`). A statement then
+ends just before the writer's busy handler tries again, so the commit goes through at that try instead of
+after a sleep with the file idle.
 It works on WAL files the same way.
 The file is opened with ``mode=ro``: gatewayscope never writes to the store from here.
 """
@@ -16,8 +20,11 @@ The file is opened with ``mode=ro``: gatewayscope never writes to the store from
 from __future__ import annotations
 
 import bisect
+import fcntl
 import os
 import sqlite3
+import struct
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -49,8 +56,16 @@ TRACE_BATCH = 999
 #: of the sleep its busy handler is in: SQLite's default handler retries 1, 3, 8, 18, 33, 53, 78 ms
 #: after its first try, so a 30 ms statement usually lets the commit through at its 33 ms retry
 STATEMENT_SECONDS = 0.03
-#: rows fetched between two looks at the clock while a page is read (about a millisecond of work)
-_FETCH_CHUNK = 500
+#: when a writer is seen waiting, the statement ends before the writer's busy handler tries again this long
+#: after its first try (SQLite's default handler: 1, 3, 8, 18, 33, 53 ms...). 33 ms keeps the gateway's
+#: commit wait near 33 ms, and one late end costs it the next try at 53 ms, still far below 100 ms
+WRITER_RETRY_SECONDS = 0.033
+#: how much sooner than that retry the statement ends: the writer's try must find the lock free
+WRITER_MARGIN_SECONDS = 0.001
+#: rows fetched between two looks at the clock and at the writer (a page row costs about 1 us, a
+#: candidate-trace row about 20 us: both chunks are a fraction of a millisecond of work)
+PAGE_CHUNK = 250
+TRACE_CHUNK = 16
 TOMBSTONE_TABLE = "gatewayscope_tombstones"
 
 _REQUIRED_COLUMNS = {
@@ -172,23 +187,89 @@ def fetch_all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *,
     return rows, time.monotonic() - started
 
 
+class WriterProbe:
+    """Tells whether a writer in another process is waiting to commit to the store file.
+
+    SQLite's unix locking has a writer that wants to commit take a write lock on the file's PENDING byte
+    and keep it while it waits for the readers' shared locks to go; ``fcntl(F_GETLK)`` asks whether such
+    a lock is held without taking any. POSIX locks are per process, so a writer in this same process is
+    never seen (the statement's time bound still holds for it). The probe asks through the file
+    descriptor SQLite itself opened for the connection: closing a descriptor of our own would drop every
+    lock this process holds on the file, the connection's included. Linux only (elsewhere, and when no
+    descriptor is found, :meth:`writer_waiting` is always False).
+    """
+
+    #: SQLite's lock bytes start at 1 GiB (sqlite3PendingByte): PENDING, RESERVED, then the SHARED range
+    PENDING_BYTE = 0x40000000
+    #: Linux's struct flock on 64-bit machines: l_type, l_whence, l_start, l_len, l_pid (and padding)
+    _FLOCK = "hhqqi4x"
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        self._query = struct.pack(self._FLOCK, fcntl.F_RDLCK, os.SEEK_SET, self.PENDING_BYTE, 1, 0)
+
+    @classmethod
+    def for_file(cls, path: str) -> WriterProbe:
+        """A probe on the descriptor this process has open on ``path`` (a connection must have read it)."""
+        if not sys.platform.startswith("linux") or struct.calcsize(cls._FLOCK) != 32:
+            return cls(None)
+        try:
+            wanted = os.stat(path)
+            for name in os.listdir("/proc/self/fd"):
+                try:
+                    found = os.stat(int(name))
+                except (OSError, ValueError):
+                    continue
+                if (found.st_dev, found.st_ino) == (wanted.st_dev, wanted.st_ino):
+                    return cls(int(name))
+        except OSError:
+            pass
+        return cls(None)
+
+    def writer_waiting(self) -> bool:
+        """True while another process holds the PENDING byte: a writer waits for the readers to finish."""
+        if self.fd is None:
+            return False
+        try:
+            answer = fcntl.fcntl(self.fd, fcntl.F_GETLK, self._query)
+        except OSError:  # the descriptor went away: stop asking
+            self.fd = None
+            return False
+        return bool(struct.unpack(self._FLOCK, answer)[0] != fcntl.F_UNLCK)
+
+
 def fetch_for(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *, seconds: float,
-              busy_timeout: float = 10.0) -> tuple[list[tuple[Any, ...]], bool]:
-    """Rows of one read statement, stopping once it has held the read lock ``seconds``.
+              busy_timeout: float = 10.0, probe: WriterProbe | None = None,
+              chunk: int | None = None) -> tuple[list[tuple[Any, ...]], bool]:
+    """Rows of one read statement, stopping once it has held the read lock ``seconds``, or, when
+    ``probe`` sees a writer waiting, just before that writer's next try (``WRITER_RETRY_SECONDS``
+    after the last look that saw no writer, less ``WRITER_MARGIN_SECONDS``).
 
     Returns the rows read and whether the statement ran to its end. Stopping early closes the
     cursor, which resets the statement and so releases the lock; the rows read so far are the
-    statement's first rows, in its order. At least one chunk of rows is read each time.
+    statement's first rows, in its order. At least one ``chunk`` of rows (default ``PAGE_CHUNK``) is
+    read each time.
     """
+    chunk = chunk or PAGE_CHUNK
     cursor, started = _start(conn, sql, params, busy_timeout)
     rows: list[tuple[Any, ...]] = []
+    end = started + seconds
+    clear_at = started  # the last look that saw no writer waiting
+    writer_seen = False
     try:
         while True:  # bounded: each turn reads a chunk, and the statement has finitely many rows
-            chunk = cursor.fetchmany(_FETCH_CHUNK)
-            rows += chunk
-            if len(chunk) < _FETCH_CHUNK:
+            fetched = cursor.fetchmany(chunk)
+            rows += fetched
+            if len(fetched) < chunk:
                 return rows, True
-            if time.monotonic() - started >= seconds:
+            now = time.monotonic()
+            if probe is not None and not writer_seen:
+                if probe.writer_waiting():
+                    writer_seen = True  # it first tried after clear_at: its retries come later
+                    end = clear_at + WRITER_RETRY_SECONDS - WRITER_MARGIN_SECONDS
+                else:
+                    clear_at = now
+            if now >= end:
                 return rows, False
     finally:
         cursor.close()
@@ -218,14 +299,15 @@ def check_trace_store(conn: sqlite3.Connection, path: str, *, busy_timeout: floa
 
 
 def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, *,
-                       page_seconds: float | None = STATEMENT_SECONDS,
-                       busy_timeout: float = 10.0) -> Iterator[list[tuple[Any, ...]]]:
+                       page_seconds: float | None = STATEMENT_SECONDS, busy_timeout: float = 10.0,
+                       probe: WriterProbe | None = None) -> Iterator[list[tuple[Any, ...]]]:
     """Pages of (session_id, trace_count, first_trace_at, last_trace_at), each read in its own statement.
 
     A page holds at most ``page_size`` sessions, and ends once its statement has held the read lock
-    ``page_seconds`` (None: no time bound). Either way every row is a whole session (the GROUP BY walks the
-    index in key order and emits a session once its last row is counted), so the next page starts
-    after the last session read.
+    ``page_seconds`` (None: no time bound), or when a writer ``probe`` saw waiting is due to try again
+    (see :func:`fetch_for`). Either way every row is a whole session (the GROUP BY walks the index in
+    key order and emits a session once its last row is counted), so the next page starts after the
+    last session read.
     """
     last = ""
     while True:
@@ -234,7 +316,7 @@ def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, 
             ended = len(rows) < page_size
         else:
             rows, ended = fetch_for(conn, _PAGE_SQL, (last, page_size), seconds=page_seconds,
-                                    busy_timeout=busy_timeout)
+                                    busy_timeout=busy_timeout, probe=probe)
             ended = ended and len(rows) < page_size
         if not rows:
             return
@@ -290,7 +372,7 @@ def current_weight_version(conn: sqlite3.Connection, *, busy_timeout: float = 10
 
 
 def _iter_candidate_traces(conn: sqlite3.Connection, session_ids: list[str], *, seconds: float,
-                           busy_timeout: float) -> Iterator[list[tuple[Any, ...]]]:
+                           busy_timeout: float, probe: WriterProbe | None = None) -> Iterator[list[tuple[Any, ...]]]:
     """The ``_TRACES_SQL`` rows of ``session_ids``, in statements of at most ``seconds`` of lock each.
 
     Rows come ordered by session id, so when a statement stops early every session before the last
@@ -301,7 +383,8 @@ def _iter_candidate_traces(conn: sqlite3.Connection, session_ids: list[str], *, 
     while start < len(todo):  # bounded: every turn moves ``start`` forward
         batch = todo[start:start + TRACE_BATCH]
         sql = _TRACES_SQL.format(placeholders=",".join("?" * len(batch)))
-        rows, ended = fetch_for(conn, sql, batch, seconds=seconds, busy_timeout=busy_timeout)
+        rows, ended = fetch_for(conn, sql, batch, seconds=seconds, busy_timeout=busy_timeout, probe=probe,
+                                chunk=TRACE_CHUNK)
         if ended:
             yield rows
             start += len(batch)
@@ -339,9 +422,10 @@ def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float,
         # our own statements poll for the lock (_start); the guard's reads keep SQLite's busy handler
         conn.execute("PRAGMA busy_timeout = 0")
         tables = check_trace_store(conn, path, busy_timeout=wait)
+        probe = WriterProbe.for_file(path)  # the connection has the file open now
         try:
             pages: list[pl.DataFrame] = []
-            for rows in iter_session_pages(conn, page_size, busy_timeout=wait):
+            for rows in iter_session_pages(conn, page_size, busy_timeout=wait, probe=probe):
                 # built between statements: the gateway commits meanwhile
                 pages.append(_sessions_frame(rows))
             sessions = pl.concat(pages, rechunk=True) if pages else empty_frame(SESSIONS_SCHEMA)
@@ -361,7 +445,8 @@ def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float,
                 seen = set(candidates)
                 candidates.extend(sid for sid in tombstoned if sid not in seen)
             trace_rows: list[tuple[Any, ...]] = []
-            for rows in _iter_candidate_traces(conn, candidates, seconds=STATEMENT_SECONDS, busy_timeout=wait):
+            for rows in _iter_candidate_traces(conn, candidates, seconds=STATEMENT_SECONDS, busy_timeout=wait,
+                                               probe=probe):
                 for (sid, trace_id, created, weight_v, n_ids, n_prompt, chars, model) in rows:
                     prompt_tokens = n_ids if n_ids else n_prompt
                     trace_rows.append((

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +14,9 @@ import pytest
 from gatewayscope.analysis.orphans import find_orphans
 from gatewayscope.config import Policy, Target
 from gatewayscope.errors import StoreError
-from gatewayscope.sources.rllm_sqlite import iter_session_pages, read_trace_store_sqlite
+from gatewayscope.sources import rllm_sqlite as source
+from gatewayscope.sources.rllm_sqlite import WriterProbe, fetch_for, iter_session_pages, read_trace_store_sqlite
+from tests.helpers import wait_for
 
 rllm_sqlite = pytest.importorskip("rllm_model_gateway.store.sqlite_store")
 
@@ -153,3 +157,89 @@ def test_time_cut_candidate_reads_match_one_full_read(tmp_path: Path) -> None:
     assert cut == whole
     assert {row[0] for row in whole} == set(wanted)
     assert len(whole) == sum(1 + i % 3 for i in range(0, 120, 2))
+
+
+#: a writer in its own process, as the gateway is: one commit that has to wait for our read
+_WRITER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], timeout=30.0, isolation_level=None)
+conn.execute("BEGIN")
+conn.execute("INSERT INTO traces (trace_id, data, created_at) VALUES ('late', '{}', 0)")
+print("inserted", flush=True)
+conn.execute("COMMIT")
+print("committed", flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the writer probe reads Linux's struct flock")
+def test_probe_sees_a_writer_in_another_process_wait_for_our_read(tmp_path: Path) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {f"p{i:03d}:0": 2 for i in range(200)})
+    conn = source.open_read_only(str(db))
+    cursor = conn.execute("SELECT session_id FROM trace_sessions")
+    cursor.fetchone()  # the statement is open: it holds the shared lock
+    probe = WriterProbe.for_file(str(db))
+    assert probe.fd is not None, "the probe must find the descriptor SQLite opened"
+    assert not probe.writer_waiting()
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None
+        assert writer.stdout.readline().strip() == "inserted"
+        wait_for("the writer waiting on the PENDING byte", probe.writer_waiting, bool, timeout=10.0, interval=0.01)
+        assert writer.poll() is None, "the writer cannot commit while our statement is open"
+        cursor.close()  # ends the statement: the writer's next try commits
+        assert writer.stdout.readline().strip() == "committed"
+        assert writer.wait(timeout=30) == 0
+        assert not probe.writer_waiting()
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        conn.close()
+
+
+class _ScriptedProbe(WriterProbe):
+    """A probe that answers from a list: no descriptor, no timing."""
+
+    def __init__(self, answers: list[bool]) -> None:
+        super().__init__(None)
+        self.answers = answers
+        self.asked = 0
+
+    def writer_waiting(self) -> bool:
+        self.asked += 1
+        return self.answers.pop(0) if self.answers else False
+
+
+def test_a_waiting_writer_ends_the_statement_and_a_quiet_file_does_not(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {f"w{i:03d}:0": 1 for i in range(100)})
+    conn = sqlite3.connect(db)
+    sql = "SELECT session_id FROM trace_sessions ORDER BY session_id"
+    # no time bound to speak of: only the writer can end the statement early
+    quiet = _ScriptedProbe([])
+    rows, ended = fetch_for(conn, sql, seconds=3600.0, probe=quiet, chunk=10)
+    assert ended and len(rows) == 100 and quiet.asked == 10  # looked after every full chunk
+    monkeypatch.setattr(source, "WRITER_RETRY_SECONDS", 0.0)  # its retry is due at once
+    waiting = _ScriptedProbe([False, False, True])
+    rows, ended = fetch_for(conn, sql, seconds=3600.0, probe=waiting, chunk=10)
+    assert not ended and len(rows) == 30, "the statement ends at the chunk where the writer shows up"
+    assert waiting.asked == 3, "once a writer is seen the end is fixed: no more looks"
+    conn.close()
+
+
+def test_pages_ended_for_a_writer_still_cover_every_session_whole(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {f"s{i:04d}:0": 1 + i % 4 for i in range(300)})
+    monkeypatch.setattr(source, "WRITER_RETRY_SECONDS", 0.0)
+    monkeypatch.setattr(source, "PAGE_CHUNK", 7)
+    conn = sqlite3.connect(db)
+    expected = conn.execute("SELECT session_id, COUNT(*) FROM trace_sessions GROUP BY session_id "
+                            "ORDER BY session_id").fetchall()
+    always = _ScriptedProbe([True] * 10_000)
+    pages = list(iter_session_pages(conn, page_size=10_000, page_seconds=3600.0, probe=always))
+    conn.close()
+    assert len(pages) > 10, "every page ended early"
+    assert [(r[0], r[1]) for page in pages for r in page] == expected
