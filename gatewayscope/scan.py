@@ -11,11 +11,14 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatewayscope.config import DEFAULT_MEMORY_LIMIT_BYTES, Config, Policy, Target
 from gatewayscope.errors import GatewayscopeError
 from gatewayscope.snapshot import Snapshot, TargetSnapshot
+
+if TYPE_CHECKING:
+    from gatewayscope.sources.rllm_http import KnownTraces
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +27,13 @@ MAX_PARALLEL_TARGETS = 16
 
 
 def read_target(target: Target, policy: Policy, *, now: float, transport: Any = None,
-                fingerprints: bool = True) -> TargetSnapshot:
+                fingerprints: bool = True, known_traces: KnownTraces | None = None) -> TargetSnapshot:
     """Read one target; every failure is caught and described on the returned TargetSnapshot.
 
     ``fingerprints=False``: a Bifrost target's records are read without their plan fingerprints (a
     report or the exporter has no use for them; a plan made from such a read is refused).
+    ``known_traces``: an rLLM gateway's candidate traces kept from the last read of the same target
+    (see :class:`gatewayscope.sources.rllm_http.KnownTraces`).
     """
     started = time.time()
     clock = time.perf_counter()
@@ -42,7 +47,8 @@ def read_target(target: Target, policy: Policy, *, now: float, transport: Any = 
         elif target.kind == "rllm":
             from gatewayscope.sources.rllm_http import read_trace_store_http
 
-            snap.trace_store = read_trace_store_http(target, policy, now=now, transport=transport)
+            snap.trace_store = read_trace_store_http(target, policy, now=now, transport=transport,
+                                                     known=known_traces)
         else:
             from gatewayscope.sources.bifrost import read_bifrost
 

@@ -10,7 +10,8 @@ Each target has one slot holding its last completed read and the read running no
   down (``source="deadline"``).
 
 Reads run in daemon threads, one per running read, so at most one thread per target is ever busy with a
-hung gateway. ``reader`` is the seam tests use; it defaults to :func:`gatewayscope.scan.read_target`.
+hung gateway. ``reader`` is the seam tests use; it defaults to :func:`gatewayscope.scan.read_target`,
+keeping each rLLM gateway's candidate traces between reads (:class:`_DefaultReader`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatewayscope.config import Policy, Target
 from gatewayscope.snapshot import TargetSnapshot
+
+if TYPE_CHECKING:
+    from gatewayscope.sources.rllm_http import KnownTraces
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +71,22 @@ class _Slot:
     scrapes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
 
 
-def _default_reader(target: Target, policy: Policy, *, now: float, transport: Any = None) -> TargetSnapshot:
-    from gatewayscope.scan import read_target
+class _DefaultReader:
+    """:func:`gatewayscope.scan.read_target` without plan fingerprints (the exporter never plans), keeping
+    each rLLM gateway's candidate traces from one read to the next (orphans stay until deleted, and
+    re-reading their traces at every read would cost the gateway the most of any part of a warm read)."""
 
-    return read_target(target, policy, now=now, transport=transport, fingerprints=False)  # never planned from
+    def __init__(self) -> None:
+        self._known: dict[str, KnownTraces] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, target: Target, policy: Policy, *, now: float, transport: Any = None) -> TargetSnapshot:
+        from gatewayscope.scan import read_target
+        from gatewayscope.sources.rllm_http import KnownTraces
+
+        with self._lock:
+            known = self._known.setdefault(target.name, KnownTraces())
+        return read_target(target, policy, now=now, transport=transport, fingerprints=False, known_traces=known)
 
 
 class TargetCache:
@@ -90,7 +106,7 @@ class TargetCache:
         self.targets = list(targets)
         self.policy = policy
         self.min_interval_seconds = float(min_interval_seconds)
-        self.reader: Reader = reader or _default_reader
+        self.reader: Reader = reader or _DefaultReader()
         self.transports = dict(transports or {})
         self.clock = clock
         self.wall_clock = wall_clock

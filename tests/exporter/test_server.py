@@ -277,6 +277,29 @@ def test_min_interval_reuses_the_last_read(serve: Callable[..., ExporterServer])
     assert "may be up to min_interval_seconds (3600 s)" in first
 
 
+def test_warm_reads_do_not_ask_for_the_orphans_traces_again(serve: Callable[..., ExporterServer]) -> None:
+    asked: list[list[str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/sessions":
+            return httpx.Response(200, json=SESSIONS)
+        if request.url.path == "/traces/query":
+            ids = json.loads(request.content)["session_ids"]
+            asked.append(ids)
+            return httpx.Response(200, json=[{"trace_id": f"t-{sid}", "session_id": sid, "timestamp": NOW - 90_000,
+                                              "model": "m", "messages": []} for sid in ids])
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    config = Config(targets=[Target(name="fake", kind="rllm", url="http://fake.test:9090")], policy=Policy())
+    server = serve(config, ExporterSettings(listen="127.0.0.1:0", min_interval_seconds=0),
+                   transports={"fake": httpx.MockTransport(handler)})
+    for _ in range(3):
+        found = parse(scrape(server.url, timeout_header="10").text)
+        assert get(found, "gatewayscope_trace_store_orphan_sessions", target="fake", confidence="suspected") == 1
+    assert get(found, "gatewayscope_exporter_target_reads_total", target="fake", result="ok") == 3
+    assert asked == [["task-a:0"]], "three reads, one trace query: the orphan's trace is kept"
+
+
 def test_a_running_read_is_never_started_twice(serve: Callable[..., ExporterServer]) -> None:
     fake = CountingGateway()
     fake.release.clear()  # the listing hangs until released

@@ -9,7 +9,7 @@ import pytest
 
 from gatewayscope.config import Policy, Target
 from gatewayscope.errors import BadResponseError, GatewayTimeoutError, HTTPStatusError, UnreachableError
-from gatewayscope.sources.rllm_http import read_trace_store_http, session_path
+from gatewayscope.sources.rllm_http import KnownTraces, read_trace_store_http, session_path
 
 NOW = 100_000.0
 TARGET = Target(name="gw", kind="rllm", url="http://gw.test:9090", concurrency=2)
@@ -73,6 +73,35 @@ def test_guarded_gateway_reports_tombstones() -> None:
     assert data.tombstoned_ids == ["s1:0"]
     assert data.guard is not None and data.guard.tombstones == 2 and data.guard.dropped_writes == 4
     assert data.candidate_traces["session_id"].to_list() == ["s1:0"]
+
+
+def test_known_traces_are_not_asked_for_again_while_their_sessions_stay_the_same() -> None:
+    def listing(**created: float) -> list[dict]:
+        return [{"session_id": sid.replace("_", ":"), "trace_count": 1, "created_at": at, "metadata": {}}
+                for sid, at in created.items()]
+
+    traces = {"a:0": [trace("a:0", NOW - 8000)], "b:0": [trace("b:0", NOW - 8000)],
+              "c:0": [trace("c:0", NOW - 8000), trace("c:0", NOW - 10)]}
+    policy = Policy(orphan_idle_seconds=7200)
+    known = KnownTraces()
+
+    def read(sessions: list[dict]) -> tuple[list[tuple], list[str]]:
+        calls: list[str] = []
+        data = read_trace_store_http(TARGET, policy, now=NOW, known=known,
+                                     transport=gateway(sessions, traces, calls=calls))
+        return sorted(data.candidate_traces.rows()), calls
+
+    # c:0 is listed with one trace, but a second one landed before its traces were read: not kept
+    first, calls = read(listing(a_0=NOW - 9000, b_0=NOW - 9000, c_0=NOW - 9000))
+    assert calls.count("POST /traces/query") == 1 and len(known) == 2
+    again, calls = read(listing(a_0=NOW - 9000, b_0=NOW - 9000, c_0=NOW - 9000))
+    assert again == first, "kept rows must give the same read"
+    assert calls.count("POST /traces/query") == 1  # for c:0 only
+    # b:0 was deleted and written again (a new created_at) with a new trace; a:0 is gone from the listing
+    traces["b:0"] = [{**trace("b:0", NOW - 7300), "trace_id": "t-b:0-again"}]
+    changed, _ = read(listing(b_0=NOW - 7400))
+    assert [(row[0], row[1]) for row in changed] == [("b:0", "t-b:0-again")]
+    assert len(known) == 1, "a session that is no longer a candidate is forgotten"
 
 
 @pytest.mark.parametrize(
