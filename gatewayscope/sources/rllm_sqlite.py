@@ -52,9 +52,11 @@ TOMBSTONE_PAGE = 4000
 #: most session ids one candidate-trace read asks for (SQLite's variable limit before 3.32 is 999);
 #: a read also ends after STATEMENT_SECONDS, and the next one resumes at the first unfinished session
 TRACE_BATCH = 999
-#: how long one read statement holds the shared lock. The gateway's commit waits for it, plus the rest
-#: of the sleep its busy handler is in: SQLite's default handler retries 1, 3, 8, 18, 33, 53, 78 ms
-#: after its first try, so a 30 ms statement usually lets the commit through at its 33 ms retry
+#: how long one read statement holds the shared lock when no waiting writer is seen (a writer the probe
+#: cannot see: one in this process, or any writer off Linux). Its commit waits for the statement, plus the
+#: rest of the sleep its busy handler is in: SQLite's default handler retries 1, 3, 8, 18, 33, 53, 78 ms
+#: after its first try, so a 30 ms statement usually lets the commit through at its 33 ms retry. Once a
+#: writer is seen waiting, the statement ends just before that retry instead (WRITER_RETRY_SECONDS)
 STATEMENT_SECONDS = 0.03
 #: when a writer is seen waiting, the statement ends before the writer's busy handler tries again this long
 #: after its first try (SQLite's default handler: 1, 3, 8, 18, 33, 53 ms...). 33 ms keeps the gateway's
