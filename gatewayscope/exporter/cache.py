@@ -84,8 +84,10 @@ class _DefaultReader:
         from gatewayscope.scan import read_target
         from gatewayscope.sources.rllm_http import KnownTraces
 
-        with self._lock:
-            known = self._known.setdefault(target.name, KnownTraces())
+        known = None
+        if target.kind == "rllm" and target.url:
+            with self._lock:
+                known = self._known.setdefault(target.name, KnownTraces())
         return read_target(target, policy, now=now, transport=transport, fingerprints=False, known_traces=known)
 
 

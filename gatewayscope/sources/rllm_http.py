@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
@@ -239,17 +241,24 @@ class KnownTraces:
     An orphan is re-read at every exporter read until it is deleted, and on 0.1.0 each of its traces
     costs the gateway's event loop about 0.4 ms to encode (more with long prompts). A one-trace
     session's trace does not change while the listing shows the session with the same ``created_at``
-    and one trace: the gateway stores every call under a new trace id, and a session deleted and written
-    again comes back with a new ``created_at``. So the next read reuses those rows and asks the gateway
-    only for the other candidates. Sessions with more traces (tombstoned ones) are always read afresh,
-    and rows of sessions that are no longer candidates are dropped at every read, so this holds at most
-    one read's candidates.
+    and one trace: the gateway stores every call under a new trace id, and a session deleted through
+    that gateway comes back with a new ``created_at``. So the next read reuses those rows and asks the
+    gateway only for the other candidates. A delete that bypasses the gateway process (gatewayscope's
+    SQLite-file delete, another replica on the same file) leaves its ``created_at`` as it was, so a
+    session written again after it would look unchanged: no row is trusted longer than
+    ``max_age_seconds`` (each row between half and all of it, so the re-reads spread out). Sessions with
+    more traces (tombstoned ones) or without a ``created_at`` are always read afresh, and rows of sessions
+    that are no longer candidates are dropped at every read, so this holds at most one read's candidates.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_age_seconds: float = 300.0, clock: Callable[[], float] = time.monotonic,
+                 jitter: Callable[[], float] = random.random) -> None:
+        self.max_age_seconds = max_age_seconds
+        self._clock = clock
+        self._jitter = jitter
         self._lock = threading.Lock()
-        #: session id -> (its created_at when read, its one trace row)
-        self._rows: dict[str, tuple[float, tuple[Any, ...]]] = {}
+        #: session id -> (its created_at when read, when the row expires, its one trace row)
+        self._rows: dict[str, tuple[float, float, tuple[Any, ...]]] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -262,13 +271,14 @@ class KnownTraces:
     def split(self, candidates: pl.DataFrame) -> tuple[list[tuple[Any, ...]], list[str]]:
         """The kept rows of ``candidates`` (session frame rows) still in the same state, and the ids to read."""
         state = self._one_trace_state(candidates)
+        now = self._clock()
         reuse: list[tuple[Any, ...]] = []
         read: list[str] = []
         with self._lock:
             for sid in candidates["session_id"]:
                 kept = self._rows.get(sid)
-                if kept is not None and state.get(sid) == kept[0]:
-                    reuse.append(kept[1])
+                if kept is not None and state.get(sid) == kept[0] and now < kept[1]:
+                    reuse.append(kept[2])
                 else:
                     read.append(sid)
         return reuse, read
@@ -279,11 +289,13 @@ class KnownTraces:
         by_session: dict[str, list[tuple[Any, ...]]] = {}
         for row in fetched:
             by_session.setdefault(row[0], []).append(row)
+        now = self._clock()
         with self._lock:
-            rows = {sid: kept for sid, kept in self._rows.items() if state.get(sid) == kept[0]}
+            rows = {sid: kept for sid, kept in self._rows.items() if state.get(sid) == kept[0] and now < kept[1]}
             for sid, found in by_session.items():
                 if sid in state and len(found) == 1:  # a second trace since the listing: read it again next time
-                    rows[sid] = (state[sid], found[0])
+                    expires = now + self.max_age_seconds * (0.5 + 0.5 * self._jitter())
+                    rows[sid] = (state[sid], expires, found[0])
             self._rows = rows
 
 

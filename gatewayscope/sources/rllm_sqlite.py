@@ -20,11 +20,13 @@ The file is opened with ``mode=ro``: gatewayscope never writes to the store from
 from __future__ import annotations
 
 import bisect
+import contextlib
 import fcntl
 import os
 import sqlite3
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -56,18 +58,26 @@ TRACE_BATCH = 999
 #: cannot see: one in this process, or any writer off Linux). Its commit waits for the statement, plus the
 #: rest of the sleep its busy handler is in: SQLite's default handler retries 1, 3, 8, 18, 33, 53, 78 ms
 #: after its first try, so a 30 ms statement usually lets the commit through at its 33 ms retry. Once a
-#: writer is seen waiting, the statement ends just before that retry instead (WRITER_RETRY_SECONDS)
+#: writer is seen waiting, the statement ends just before that writer's first retry at or after this bound
+#: (at most 33 ms after its first try; so a statement may run on to about 45 ms: see fetch_for)
 STATEMENT_SECONDS = 0.03
-#: when a writer is seen waiting, the statement ends before the writer's busy handler tries again this long
-#: after its first try (SQLite's default handler: 1, 3, 8, 18, 33, 53 ms...). 33 ms keeps the gateway's
-#: commit wait near 33 ms, and one late end costs it the next try at 53 ms, still far below 100 ms
-WRITER_RETRY_SECONDS = 0.033
-#: how much sooner than that retry the statement ends: the writer's try must find the lock free
+#: when SQLite's default busy handler tries again after a writer's first try (its sleeps: 1, 2, 5, 10, 15 ms)
+BUSY_RETRY_SECONDS = (0.001, 0.003, 0.008, 0.018, 0.033)
+#: how much sooner than a writer's retry a statement ends: that try must find the lock free
 WRITER_MARGIN_SECONDS = 0.001
-#: rows fetched between two looks at the clock and at the writer (a page row costs about 1 us, a
-#: candidate-trace row about 20 us: both chunks are a fraction of a millisecond of work)
+#: looks at the lock table slower than this, PROBE_SLOW_LOOKS in a row, turn the probe off (a network
+#: filesystem asks its lock server every time; one slow look is just this process being preempted)
+PROBE_SLOW_SECONDS = 0.001
+PROBE_SLOW_LOOKS = 3
+#: rows fetched between two looks at the clock and at the writer (a page row of a typical session costs
+#: about 1 us, a candidate-trace row of a typical trace about 20 us: both chunks are a fraction of a
+#: millisecond of work; a session of many traces or a long prompt makes its row dearer)
 PAGE_CHUNK = 250
 TRACE_CHUNK = 16
+#: a statement still running this long after its planned end is interrupted (see StatementWatch)
+WATCH_GRACE_SECONDS = 0.01
+#: tries of a statement interrupted before it returned a row; the last one runs unwatched
+INTERRUPTED_RETRIES = 5
 TOMBSTONE_TABLE = "gatewayscope_tombstones"
 
 _REQUIRED_COLUMNS = {
@@ -84,16 +94,24 @@ _PAGE_SQL = """
     LIMIT ?
 """
 
-_TRACES_SQL = """
-    SELECT ts.session_id, t.trace_id, t.created_at,
-           json_extract(t.data, '$.weight_version'),
-           json_array_length(t.data, '$.prompt_token_ids'),
-           json_extract(t.data, '$.token_counts.prompt'),
-           length(json_extract(t.data, '$.messages')),
-           json_extract(t.data, '$.model')
+#: a candidate's traces in two steps: their ids and rowids from the indexes (session order), then the rows
+#: themselves in rowid order, which is the order they lie in the file: on a cold page cache that read
+#: takes 3.0 s instead of 4.9 s for the benchmark's 14,840 candidates (and 0.26 s instead of 0.29 s warm)
+_TRACE_IDS_SQL = """
+    SELECT ts.session_id, t.trace_id, t.rowid
     FROM trace_sessions AS ts JOIN traces AS t ON t.trace_id = ts.trace_id
     WHERE ts.session_id IN ({placeholders})
     ORDER BY ts.session_id
+"""
+_TRACE_ROWS_SQL = """
+    SELECT rowid, trace_id, created_at,
+           json_extract(data, '$.weight_version'),
+           json_array_length(data, '$.prompt_token_ids'),
+           json_extract(data, '$.token_counts.prompt'),
+           length(json_extract(data, '$.messages')),
+           json_extract(data, '$.model')
+    FROM traces WHERE rowid IN ({placeholders})
+    ORDER BY rowid
 """
 
 
@@ -174,19 +192,91 @@ def _start(conn: sqlite3.Connection, sql: str, params: Sequence[Any],
     return retry_while_locked(attempt, busy_timeout)
 
 
+class StatementWatch:
+    """Interrupts the reader's statement when it still holds the read lock past its deadline.
+
+    The statements time themselves between chunks of rows, but one chunk can wait on the disk: when the
+    store's pages are not in the OS page cache, a chunk that usually takes a fraction of a millisecond took
+    140-520 ms in the benchmark, with the gateway's commit waiting behind it. A thread of its own, armed
+    with each statement's deadline, calls ``sqlite3_interrupt``: the statement stops at its next step, the
+    rows read before that chunk are kept, and the next statement goes on from there (the pages the
+    interrupted one read are in the page cache by then). SQLite ignores an interrupt that arrives when no
+    statement runs, so a late one cannot hit the next statement.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._cond = threading.Condition()
+        self._deadline: float | None = None
+        self._stopped = False
+        self.interrupts = 0
+        self._thread = threading.Thread(target=self._run, name="gatewayscope-sqlite-watch", daemon=True)
+        self._thread.start()
+
+    def arm(self, deadline: float | None) -> None:
+        """Interrupt the running statement at ``deadline`` (``time.monotonic()``); None: not at all."""
+        with self._cond:
+            self._deadline = deadline
+            self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:  # bounded: ends when close() sets _stopped
+                if self._deadline is None:
+                    self._cond.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self._conn.interrupt()
+                self.interrupts += 1
+                self._deadline = None
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join()
+
+    def __enter__(self) -> StatementWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _is_interrupt(err: sqlite3.OperationalError) -> bool:
+    code = getattr(err, "sqlite_errorcode", None)  # Python 3.11+
+    return code == 9 if code is not None else "interrupted" in str(err)  # SQLITE_INTERRUPT
+
+
 def fetch_all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *,
-              busy_timeout: float = 10.0) -> tuple[list[tuple[Any, ...]], float]:
+              busy_timeout: float = 10.0, watch: StatementWatch | None = None) -> tuple[list[tuple[Any, ...]], float]:
     """Run one read statement to completion: its rows, and how long it held the read lock.
 
     ``fetchall()`` finishes the statement, so in autocommit mode the lock is released before this
-    returns. Waits for the lock as ``_start`` does.
+    returns. Waits for the lock as ``_start`` does. With ``watch``, a statement still running
+    ``STATEMENT_SECONDS + WATCH_GRACE_SECONDS`` after it took the lock is interrupted and run again
+    (its pages are cached by then); after ``INTERRUPTED_RETRIES`` tries it runs unwatched to its end.
     """
-    cursor, started = _start(conn, sql, params, busy_timeout)
-    try:
-        rows = cursor.fetchall()
-    finally:
-        cursor.close()
-    return rows, time.monotonic() - started
+    for attempt in range(INTERRUPTED_RETRIES + 1):  # bounded
+        watched = watch if attempt < INTERRUPTED_RETRIES else None
+        cursor, started = _start(conn, sql, params, busy_timeout)
+        try:
+            if watched is not None:
+                watched.arm(started + STATEMENT_SECONDS + WATCH_GRACE_SECONDS)
+            rows = cursor.fetchall()
+        except sqlite3.OperationalError as err:
+            if watched is None or not _is_interrupt(err):
+                raise
+            continue
+        finally:
+            cursor.close()
+            if watched is not None:
+                watched.arm(None)
+        return rows, time.monotonic() - started
+    raise AssertionError("unreachable: the last try runs unwatched")
 
 
 class WriterProbe:
@@ -195,10 +285,11 @@ class WriterProbe:
     SQLite's unix locking has a writer that wants to commit take a write lock on the file's PENDING byte
     and keep it while it waits for the readers' shared locks to go; ``fcntl(F_GETLK)`` asks whether such
     a lock is held without taking any. POSIX locks are per process, so a writer in this same process is
-    never seen (the statement's time bound still holds for it). The probe asks through the file
-    descriptor SQLite itself opened for the connection: closing a descriptor of our own would drop every
-    lock this process holds on the file, the connection's included. Linux only (elsewhere, and when no
-    descriptor is found, :meth:`writer_waiting` is always False).
+    never seen (the statement's time bound still holds for it). The probe asks through the descriptor
+    SQLite itself opened for the reader's connection: closing a descriptor of our own would drop every
+    lock this process holds on the file, the connection's included. It turns itself off (and then
+    :meth:`writer_waiting` is always False) off Linux, when that descriptor is not found or no longer
+    refers to the file, and when looks are slow (a network filesystem asks its lock server each time).
     """
 
     #: SQLite's lock bytes start at 1 GiB (sqlite3PendingByte): PENDING, RESERVED, then the SHARED range
@@ -206,75 +297,151 @@ class WriterProbe:
     #: Linux's struct flock on 64-bit machines: l_type, l_whence, l_start, l_len, l_pid (and padding)
     _FLOCK = "hhqqi4x"
 
-    def __init__(self, fd: int | None) -> None:
+    def __init__(self, fd: int | None, identity: tuple[int, int] | None = None) -> None:
         self.fd = fd
+        self.identity = identity
+        self._slow_looks = 0
         self._query = struct.pack(self._FLOCK, fcntl.F_RDLCK, os.SEEK_SET, self.PENDING_BYTE, 1, 0)
 
+    @staticmethod
+    def supported() -> bool:
+        return sys.platform.startswith("linux") and struct.calcsize(WriterProbe._FLOCK) == 32
+
+    @staticmethod
+    def open_descriptors() -> dict[int, tuple[int, int]]:
+        """This process's descriptors and the (device, inode) each refers to (Linux's /proc/self/fd)."""
+        found: dict[int, tuple[int, int]] = {}
+        with contextlib.suppress(OSError):
+            for name in os.listdir("/proc/self/fd"):
+                with contextlib.suppress(OSError, ValueError):
+                    info = os.stat(int(name))
+                    found[int(name)] = (info.st_dev, info.st_ino)
+        return found
+
     @classmethod
-    def for_file(cls, path: str) -> WriterProbe:
-        """A probe on the descriptor this process has open on ``path`` (a connection must have read it)."""
-        if not sys.platform.startswith("linux") or struct.calcsize(cls._FLOCK) != 32:
+    def for_new_descriptor(cls, path: str, before: dict[int, tuple[int, int]]) -> WriterProbe:
+        """A probe on the descriptor of ``path`` opened since ``before`` was taken (by the reader's connection,
+        after its first statement), so never on another connection's descriptor that may close meanwhile."""
+        if not cls.supported():
             return cls(None)
         try:
-            wanted = os.stat(path)
-            for name in os.listdir("/proc/self/fd"):
-                try:
-                    found = os.stat(int(name))
-                except (OSError, ValueError):
-                    continue
-                if (found.st_dev, found.st_ino) == (wanted.st_dev, wanted.st_ino):
-                    return cls(int(name))
+            info = os.stat(path)
         except OSError:
-            pass
+            return cls(None)
+        identity = (info.st_dev, info.st_ino)
+        for fd, refers_to in cls.open_descriptors().items():
+            if refers_to == identity and before.get(fd) != identity:
+                return cls(fd, identity)
         return cls(None)
+
+    def still_valid(self) -> bool:
+        """Whether the descriptor still refers to the store file (checked once per statement)."""
+        if self.fd is None:
+            return False
+        try:
+            info = os.fstat(self.fd)
+        except OSError:
+            info = None
+        if info is None or (info.st_dev, info.st_ino) != self.identity:
+            self.fd = None
+        return self.fd is not None
 
     def writer_waiting(self) -> bool:
         """True while another process holds the PENDING byte: a writer waits for the readers to finish."""
         if self.fd is None:
             return False
+        asked = time.monotonic()
         try:
             answer = fcntl.fcntl(self.fd, fcntl.F_GETLK, self._query)
         except OSError:  # the descriptor went away: stop asking
             self.fd = None
             return False
+        self._slow_looks = self._slow_looks + 1 if time.monotonic() - asked > PROBE_SLOW_SECONDS else 0
+        if self._slow_looks >= PROBE_SLOW_LOOKS:
+            self.fd = None  # this answer still counts; no more looks
         return bool(struct.unpack(self._FLOCK, answer)[0] != fcntl.F_UNLCK)
 
 
+_FILE_LOCKS_GUARD = threading.Lock()
+_FILE_LOCKS: dict[tuple[int, int], threading.Lock] = {}
+
+
+@contextlib.contextmanager
+def one_reader_per_file(path: str) -> Iterator[None]:
+    """Hold off other reads of the same file in this process until this one ends.
+
+    Two connections of one process share its lock on the file: SQLite gives the second one a shared lock
+    from its own records, without asking the kernel, even while another process's writer holds PENDING.
+    Two interleaved readers could then keep a writer out indefinitely (two targets naming one file, read in
+    parallel), so reads of one file take turns. A path that cannot be stat'ed is not held (opening it
+    fails with its own message).
+    """
+    try:
+        info = os.stat(path)
+    except OSError:
+        yield
+        return
+    with _FILE_LOCKS_GUARD:
+        lock = _FILE_LOCKS.setdefault((info.st_dev, info.st_ino), threading.Lock())
+    with lock:
+        yield
+
+
 def fetch_for(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *, seconds: float,
-              busy_timeout: float = 10.0, probe: WriterProbe | None = None,
+              busy_timeout: float = 10.0, probe: WriterProbe | None = None, watch: StatementWatch | None = None,
               chunk: int | None = None) -> tuple[list[tuple[Any, ...]], bool]:
-    """Rows of one read statement, stopping once it has held the read lock ``seconds``, or, when
-    ``probe`` sees a writer waiting, just before that writer's next try (``WRITER_RETRY_SECONDS``
-    after the last look that saw no writer, less ``WRITER_MARGIN_SECONDS``).
+    """Rows of one read statement, stopping once it has held the read lock ``seconds``; or, when ``probe``
+    sees a writer waiting, just before that writer's first busy-handler retry (``BUSY_RETRY_SECONDS`` after
+    its first try) at or after that bound, so the writer's commit goes through on that try. The writer's
+    first try came after the last look that saw no writer, which is what the retries are counted from;
+    it waits at most 33 ms, and the statement runs on to about 45 ms at most. With ``watch``, a chunk
+    that is still running ``WATCH_GRACE_SECONDS`` past that end (a page cache miss) is interrupted.
 
     Returns the rows read and whether the statement ran to its end. Stopping early closes the
     cursor, which resets the statement and so releases the lock; the rows read so far are the
-    statement's first rows, in its order. At least one ``chunk`` of rows (default ``PAGE_CHUNK``) is
-    read each time.
+    statement's first rows, in its order. Some rows are read each time: a statement interrupted before
+    its first chunk is run again, and after ``INTERRUPTED_RETRIES`` tries unwatched.
     """
     chunk = chunk or PAGE_CHUNK
-    cursor, started = _start(conn, sql, params, busy_timeout)
-    rows: list[tuple[Any, ...]] = []
-    end = started + seconds
-    clear_at = started  # the last look that saw no writer waiting
-    writer_seen = False
-    try:
-        while True:  # bounded: each turn reads a chunk, and the statement has finitely many rows
-            fetched = cursor.fetchmany(chunk)
-            rows += fetched
-            if len(fetched) < chunk:
-                return rows, True
-            now = time.monotonic()
-            if probe is not None and not writer_seen:
-                if probe.writer_waiting():
-                    writer_seen = True  # it first tried after clear_at: its retries come later
-                    end = clear_at + WRITER_RETRY_SECONDS - WRITER_MARGIN_SECONDS
-                else:
-                    clear_at = now
-            if now >= end:
-                return rows, False
-    finally:
-        cursor.close()
+    if probe is not None and not probe.still_valid():
+        probe = None
+    for attempt in range(INTERRUPTED_RETRIES + 1):  # bounded
+        watched = watch if attempt < INTERRUPTED_RETRIES else None
+        cursor, started = _start(conn, sql, params, busy_timeout)
+        rows: list[tuple[Any, ...]] = []
+        bound = end = started + seconds
+        clear_at = started  # the last look that saw no writer waiting (we hold the lock: none waited before)
+        looking = probe
+        try:
+            if watched is not None:
+                watched.arm(end + WATCH_GRACE_SECONDS)
+            while True:  # bounded: each turn reads a chunk, and the statement has finitely many rows
+                fetched = cursor.fetchmany(chunk)
+                rows += fetched
+                if len(fetched) < chunk:
+                    return rows, True
+                now = time.monotonic()
+                if looking is not None:
+                    if looking.writer_waiting():
+                        retry = next((r for r in BUSY_RETRY_SECONDS if clear_at + r >= bound), BUSY_RETRY_SECONDS[-1])
+                        end = clear_at + retry - WRITER_MARGIN_SECONDS
+                        looking = None  # the end is fixed
+                        if watched is not None:
+                            watched.arm(end + WATCH_GRACE_SECONDS)
+                    else:
+                        clear_at = now
+                if now >= end:
+                    return rows, False
+        except sqlite3.OperationalError as err:
+            if watched is None or not _is_interrupt(err):
+                raise
+            if rows:
+                return rows, False  # the interrupted chunk is dropped: every row kept is whole
+        finally:
+            cursor.close()
+            if watched is not None:
+                watched.arm(None)
+    raise AssertionError("unreachable: the last try runs unwatched")
 
 
 def check_trace_store(conn: sqlite3.Connection, path: str, *, busy_timeout: float = 10.0) -> set[str]:
@@ -302,7 +469,8 @@ def check_trace_store(conn: sqlite3.Connection, path: str, *, busy_timeout: floa
 
 def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, *,
                        page_seconds: float | None = STATEMENT_SECONDS, busy_timeout: float = 10.0,
-                       probe: WriterProbe | None = None) -> Iterator[list[tuple[Any, ...]]]:
+                       probe: WriterProbe | None = None,
+                       watch: StatementWatch | None = None) -> Iterator[list[tuple[Any, ...]]]:
     """Pages of (session_id, trace_count, first_trace_at, last_trace_at), each read in its own statement.
 
     A page holds at most ``page_size`` sessions, and ends once its statement has held the read lock
@@ -314,11 +482,11 @@ def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, 
     last = ""
     while True:
         if page_seconds is None:
-            rows, _ = fetch_all(conn, _PAGE_SQL, (last, page_size), busy_timeout=busy_timeout)
+            rows, _ = fetch_all(conn, _PAGE_SQL, (last, page_size), busy_timeout=busy_timeout, watch=watch)
             ended = len(rows) < page_size
         else:
             rows, ended = fetch_for(conn, _PAGE_SQL, (last, page_size), seconds=page_seconds,
-                                    busy_timeout=busy_timeout, probe=probe)
+                                    busy_timeout=busy_timeout, probe=probe, watch=watch)
             ended = ended and len(rows) < page_size
         if not rows:
             return
@@ -329,14 +497,14 @@ def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, 
 
 
 def _tombstoned_sessions(conn: sqlite3.Connection, page_size: int = TOMBSTONE_PAGE, *,
-                         busy_timeout: float = 10.0) -> list[str]:
+                         busy_timeout: float = 10.0, watch: StatementWatch | None = None) -> list[str]:
     """Ids that carry a tombstone and still have rows in the store, read a key range at a time."""
     found: list[str] = []
     last = ""
     while True:
         page, _ = fetch_all(
             conn, f"SELECT session_id FROM {TOMBSTONE_TABLE} WHERE session_id > ? ORDER BY session_id LIMIT ?",
-            (last, page_size), busy_timeout=busy_timeout,
+            (last, page_size), busy_timeout=busy_timeout, watch=watch,
         )
         if not page:
             return found
@@ -344,7 +512,7 @@ def _tombstoned_sessions(conn: sqlite3.Connection, page_size: int = TOMBSTONE_PA
         present, _ = fetch_all(
             conn, f"SELECT session_id FROM {TOMBSTONE_TABLE} AS tb WHERE session_id > ? AND session_id <= ? "
             "AND EXISTS (SELECT 1 FROM trace_sessions AS ts WHERE ts.session_id = tb.session_id)",
-            (last, upper), busy_timeout=busy_timeout,
+            (last, upper), busy_timeout=busy_timeout, watch=watch,
         )
         found.extend(row[0] for row in present)
         if len(page) < page_size:
@@ -361,32 +529,34 @@ def read_guard_stats(conn: sqlite3.Connection, tables: set[str]) -> GuardStats |
     return sqlite_guard.read_guard(conn)
 
 
-def current_weight_version(conn: sqlite3.Connection, *, busy_timeout: float = 10.0) -> int | None:
+def current_weight_version(conn: sqlite3.Connection, *, busy_timeout: float = 10.0,
+                           watch: StatementWatch | None = None) -> int | None:
     """The newest weight version the store's recent traces carry (upstream gateways record one)."""
     rows, _ = fetch_all(
         conn,
         "SELECT MAX(json_extract(data, '$.weight_version')) FROM "
         "(SELECT data FROM traces ORDER BY created_at DESC LIMIT 200)",
-        busy_timeout=busy_timeout,
+        busy_timeout=busy_timeout, watch=watch,
     )
     value = rows[0][0] if rows else None
     return int(value) if isinstance(value, (int, float)) else None
 
 
-def _iter_candidate_traces(conn: sqlite3.Connection, session_ids: list[str], *, seconds: float,
-                           busy_timeout: float, probe: WriterProbe | None = None) -> Iterator[list[tuple[Any, ...]]]:
-    """The ``_TRACES_SQL`` rows of ``session_ids``, in statements of at most ``seconds`` of lock each.
+def _iter_by_session(conn: sqlite3.Connection, sql: str, session_ids: list[str], *, seconds: float,
+                     busy_timeout: float, probe: WriterProbe | None,
+                     watch: StatementWatch | None) -> Iterator[list[tuple[Any, ...]]]:
+    """The rows of ``sql`` (first column: the session id, rows ordered by it) for ``session_ids``, in
+    statements of at most ``seconds`` of lock each (see :func:`fetch_for`).
 
-    Rows come ordered by session id, so when a statement stops early every session before the last
-    one read is whole; the next statement starts again at that last session.
+    When a statement stops early every session before the last one read is whole; the next statement
+    starts again at that last session.
     """
     todo = sorted(set(session_ids))  # Python's str order is SQLite's BINARY order (UTF-8 bytes)
     start = 0
     while start < len(todo):  # bounded: every turn moves ``start`` forward
         batch = todo[start:start + TRACE_BATCH]
-        sql = _TRACES_SQL.format(placeholders=",".join("?" * len(batch)))
-        rows, ended = fetch_for(conn, sql, batch, seconds=seconds, busy_timeout=busy_timeout, probe=probe,
-                                chunk=TRACE_CHUNK)
+        rows, ended = fetch_for(conn, sql.format(placeholders=",".join("?" * len(batch))), batch, seconds=seconds,
+                                busy_timeout=busy_timeout, probe=probe, watch=watch, chunk=TRACE_CHUNK)
         if ended:
             yield rows
             start += len(batch)
@@ -397,9 +567,37 @@ def _iter_candidate_traces(conn: sqlite3.Connection, session_ids: list[str], *, 
             yield whole
             start = bisect.bisect_left(todo, last, start)
         else:  # one session's rows filled the whole statement: read that session alone, to its end
-            rows, _ = fetch_all(conn, _TRACES_SQL.format(placeholders="?"), [last], busy_timeout=busy_timeout)
+            rows, _ = fetch_all(conn, sql.format(placeholders="?"), [last], busy_timeout=busy_timeout, watch=watch)
             yield rows
             start = bisect.bisect_right(todo, last, start)
+
+
+def _iter_candidate_traces(conn: sqlite3.Connection, session_ids: list[str], *, seconds: float,
+                           busy_timeout: float, probe: WriterProbe | None = None,
+                           watch: StatementWatch | None = None) -> Iterator[list[tuple[Any, ...]]]:
+    """Rows of (session_id, trace_id, created_at, weight_version, prompt ids, prompt tokens, prompt chars,
+    model) for every trace of ``session_ids``, in statements of at most ``seconds`` of lock each.
+
+    First the traces' ids and rowids (``_TRACE_IDS_SQL``, by session), then their rows (``_TRACE_ROWS_SQL``)
+    in rowid order; a statement that stops early is resumed after the last rowid it read. A trace whose
+    rowid now holds another trace id (deleted, and its rowid reused, between the two steps) is left out,
+    as a trace deleted meanwhile is.
+    """
+    links: dict[int, list[tuple[str, str]]] = {}  # rowid -> [(session_id, trace_id)]: a trace may be shared
+    for rows in _iter_by_session(conn, _TRACE_IDS_SQL, session_ids, seconds=seconds, busy_timeout=busy_timeout,
+                                 probe=probe, watch=watch):
+        for sid, trace_id, rowid in rows:
+            links.setdefault(rowid, []).append((sid, trace_id))
+    rowids = sorted(links)
+    start = 0
+    while start < len(rowids):  # bounded: every turn moves ``start`` forward (a stopped statement read rows)
+        batch = rowids[start:start + TRACE_BATCH]
+        rows, ended = fetch_for(conn, _TRACE_ROWS_SQL.format(placeholders=",".join("?" * len(batch))), batch,
+                                seconds=seconds, busy_timeout=busy_timeout, probe=probe, watch=watch,
+                                chunk=TRACE_CHUNK)
+        yield [(sid, trace_id, *values) for rowid, trace_id, *values in rows
+               for sid, expected in links[rowid] if trace_id == expected]
+        start = start + len(batch) if ended else bisect.bisect_right(rowids, rows[-1][0], start)
 
 
 def _sessions_frame(rows: list[tuple[Any, ...]]) -> pl.DataFrame:
@@ -417,17 +615,23 @@ def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float,
     the lock before the read fails with StoreError.
     """
     assert target.path, "a SQLite trace-store target needs a path"
-    path = target.path
-    wait = target.timeout_seconds
+    with one_reader_per_file(target.path):
+        return _read_trace_store_sqlite(target.path, target.timeout_seconds, policy, now=now, page_size=page_size)
+
+
+def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: float, page_size: int) -> TraceStoreData:
+    descriptors = WriterProbe.open_descriptors() if WriterProbe.supported() else {}
     conn = open_read_only(path, busy_timeout=wait)
+    watch: StatementWatch | None = None
     try:
         # our own statements poll for the lock (_start); the guard's reads keep SQLite's busy handler
         conn.execute("PRAGMA busy_timeout = 0")
         tables = check_trace_store(conn, path, busy_timeout=wait)
-        probe = WriterProbe.for_file(path)  # the connection has the file open now
+        probe = WriterProbe.for_new_descriptor(path, descriptors)  # SQLite opened the file by now
+        watch = StatementWatch(conn)
         try:
             pages: list[pl.DataFrame] = []
-            for rows in iter_session_pages(conn, page_size, busy_timeout=wait, probe=probe):
+            for rows in iter_session_pages(conn, page_size, busy_timeout=wait, probe=probe, watch=watch):
                 # built between statements: the gateway commits meanwhile
                 pages.append(_sessions_frame(rows))
             sessions = pl.concat(pages, rechunk=True) if pages else empty_frame(SESSIONS_SCHEMA)
@@ -435,9 +639,9 @@ def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float,
             conn.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
             guard = read_guard_stats(conn, tables)
             conn.execute("PRAGMA busy_timeout = 0")
-            tombstoned = (_tombstoned_sessions(conn, min(page_size, TOMBSTONE_PAGE), busy_timeout=wait)
+            tombstoned = (_tombstoned_sessions(conn, min(page_size, TOMBSTONE_PAGE), busy_timeout=wait, watch=watch)
                           if guard and guard.tombstones else [])
-            weight = current_weight_version(conn, busy_timeout=wait)
+            weight = current_weight_version(conn, busy_timeout=wait, watch=watch)
 
             idle_before = now - policy.orphan_idle_seconds
             candidates = sessions.filter(
@@ -448,7 +652,7 @@ def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float,
                 candidates.extend(sid for sid in tombstoned if sid not in seen)
             trace_rows: list[tuple[Any, ...]] = []
             for rows in _iter_candidate_traces(conn, candidates, seconds=STATEMENT_SECONDS, busy_timeout=wait,
-                                               probe=probe):
+                                               probe=probe, watch=watch):
                 for (sid, trace_id, created, weight_v, n_ids, n_prompt, chars, model) in rows:
                     prompt_tokens = n_ids if n_ids else n_prompt
                     trace_rows.append((
@@ -460,6 +664,8 @@ def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float,
         except sqlite3.Error as err:
             raise _store_error(path, err) from None
     finally:
+        if watch is not None:
+            watch.close()
         conn.close()
     return TraceStoreData(
         sessions=sessions,

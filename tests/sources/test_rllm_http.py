@@ -83,7 +83,8 @@ def test_known_traces_are_not_asked_for_again_while_their_sessions_stay_the_same
     traces = {"a:0": [trace("a:0", NOW - 8000)], "b:0": [trace("b:0", NOW - 8000)],
               "c:0": [trace("c:0", NOW - 8000), trace("c:0", NOW - 10)]}
     policy = Policy(orphan_idle_seconds=7200)
-    known = KnownTraces()
+    clock = [0.0]
+    known = KnownTraces(max_age_seconds=100.0, clock=lambda: clock[0], jitter=lambda: 1.0)
 
     def read(sessions: list[dict]) -> tuple[list[tuple], list[str]]:
         calls: list[str] = []
@@ -102,6 +103,14 @@ def test_known_traces_are_not_asked_for_again_while_their_sessions_stay_the_same
     changed, _ = read(listing(b_0=NOW - 7400))
     assert [(row[0], row[1]) for row in changed] == [("b:0", "t-b:0-again")]
     assert len(known) == 1, "a session that is no longer a candidate is forgotten"
+    # a delete that bypassed the gateway left created_at as it was: the row is trusted max_age_seconds only
+    traces["b:0"] = [{**trace("b:0", NOW - 7250), "trace_id": "t-b:0-third"}]
+    clock[0] = 99.0
+    stale, calls = read(listing(b_0=NOW - 7400))
+    assert [row[1] for row in stale] == ["t-b:0-again"] and "POST /traces/query" not in calls
+    clock[0] = 100.0
+    fresh, calls = read(listing(b_0=NOW - 7400))
+    assert [row[1] for row in fresh] == ["t-b:0-third"] and calls.count("POST /traces/query") == 1
 
 
 @pytest.mark.parametrize(

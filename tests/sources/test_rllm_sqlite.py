@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -175,11 +177,16 @@ print("committed", flush=True)
 def test_probe_sees_a_writer_in_another_process_wait_for_our_read(tmp_path: Path) -> None:
     db = tmp_path / "traces.db"
     make_store(db, {f"p{i:03d}:0": 2 for i in range(200)})
+    other = source.open_read_only(str(db))  # another connection's descriptor must not be picked
+    other.execute("SELECT 1 FROM traces LIMIT 1").fetchall()
+    before = WriterProbe.open_descriptors()
     conn = source.open_read_only(str(db))
     cursor = conn.execute("SELECT session_id FROM trace_sessions")
     cursor.fetchone()  # the statement is open: it holds the shared lock
-    probe = WriterProbe.for_file(str(db))
-    assert probe.fd is not None, "the probe must find the descriptor SQLite opened"
+    probe = WriterProbe.for_new_descriptor(str(db), before)
+    assert probe.fd is not None and probe.fd not in before, "the probe must use this connection's descriptor"
+    other.close()
+    assert probe.still_valid()
     assert not probe.writer_waiting()
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(db)], stdout=subprocess.PIPE, text=True)
     try:
@@ -206,34 +213,70 @@ class _ScriptedProbe(WriterProbe):
         self.answers = answers
         self.asked = 0
 
+    def still_valid(self) -> bool:
+        return True
+
     def writer_waiting(self) -> bool:
         self.asked += 1
         return self.answers.pop(0) if self.answers else False
 
 
-def test_a_waiting_writer_ends_the_statement_and_a_quiet_file_does_not(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+class _Clock:
+    """``time`` for the source: every ``monotonic()`` call is ``step`` (one millisecond) later."""
+
+    def __init__(self, step: float = 0.001) -> None:
+        self.now = 1000.0
+        self.step = step
+
+    def monotonic(self) -> float:
+        self.now += self.step
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.mark.parametrize(
+    ("writer_seen_at_look", "rows_read"),
+    [
+        # bound 30.5 ms, margin 0.5 ms, and look k happens k ms into the statement (no edge falls on a look)
+        (None, 31),  # no writer: the statement ends at its bound
+        (6, 38),  # first tried after look 5: retries at 6, 8, 13, 23, 38 ms; 38 is the first past the bound
+        (25, 32),  # first tried after 24 ms: retries at 25, 27, 32 ms; it ends at 31.5 ms
+        (28, 35),  # first tried after 27 ms: its 3 ms retry (30 ms) comes before the bound, its 8 ms one after
+    ],
+)
+def test_a_statement_ends_just_before_the_waiting_writers_first_retry_past_the_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writer_seen_at_look: int | None, rows_read: int) -> None:
     db = tmp_path / "traces.db"
     make_store(db, {f"w{i:03d}:0": 1 for i in range(100)})
     conn = sqlite3.connect(db)
-    sql = "SELECT session_id FROM trace_sessions ORDER BY session_id"
-    # no time bound to speak of: only the writer can end the statement early
-    quiet = _ScriptedProbe([])
-    rows, ended = fetch_for(conn, sql, seconds=3600.0, probe=quiet, chunk=10)
-    assert ended and len(rows) == 100 and quiet.asked == 10  # looked after every full chunk
-    monkeypatch.setattr(source, "WRITER_RETRY_SECONDS", 0.0)  # its retry is due at once
-    waiting = _ScriptedProbe([False, False, True])
-    rows, ended = fetch_for(conn, sql, seconds=3600.0, probe=waiting, chunk=10)
-    assert not ended and len(rows) == 30, "the statement ends at the chunk where the writer shows up"
-    assert waiting.asked == 3, "once a writer is seen the end is fixed: no more looks"
+    monkeypatch.setattr(source, "time", _Clock())
+    monkeypatch.setattr(source, "WRITER_MARGIN_SECONDS", 0.0005)
+    # one row per chunk and one clock tick per look
+    answers = [] if writer_seen_at_look is None else [False] * (writer_seen_at_look - 1) + [True]
+    rows, ended = fetch_for(conn, "SELECT session_id FROM trace_sessions ORDER BY session_id", seconds=0.0305,
+                            probe=_ScriptedProbe(answers), chunk=1)
     conn.close()
+    assert not ended
+    assert len(rows) == rows_read
+
+
+def test_a_quiet_file_runs_the_statement_to_its_end(tmp_path: Path) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {f"w{i:03d}:0": 1 for i in range(100)})
+    conn = sqlite3.connect(db)
+    quiet = _ScriptedProbe([])
+    rows, ended = fetch_for(conn, "SELECT session_id FROM trace_sessions", seconds=3600.0, probe=quiet, chunk=10)
+    conn.close()
+    assert ended and len(rows) == 100 and quiet.asked == 10  # looked after every full chunk
 
 
 def test_pages_ended_for_a_writer_still_cover_every_session_whole(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     db = tmp_path / "traces.db"
     make_store(db, {f"s{i:04d}:0": 1 + i % 4 for i in range(300)})
-    monkeypatch.setattr(source, "WRITER_RETRY_SECONDS", 0.0)
+    monkeypatch.setattr(source, "BUSY_RETRY_SECONDS", (0.0,))  # a seen writer's retry is due at once
     monkeypatch.setattr(source, "PAGE_CHUNK", 7)
     conn = sqlite3.connect(db)
     expected = conn.execute("SELECT session_id, COUNT(*) FROM trace_sessions GROUP BY session_id "
@@ -243,3 +286,132 @@ def test_pages_ended_for_a_writer_still_cover_every_session_whole(tmp_path: Path
     conn.close()
     assert len(pages) > 10, "every page ended early"
     assert [(r[0], r[1]) for page in pages for r in page] == expected
+
+
+def test_a_probe_whose_descriptor_now_names_another_file_stops(tmp_path: Path) -> None:
+    store, elsewhere = tmp_path / "a.db", tmp_path / "b.db"
+    store.write_bytes(b"")
+    elsewhere.write_bytes(b"")
+    info = store.stat()
+    fd = os.open(elsewhere, os.O_RDONLY)
+    try:
+        probe = WriterProbe(fd, (info.st_dev, info.st_ino))
+        assert not probe.still_valid() and probe.fd is None
+        assert not probe.writer_waiting()
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the writer probe reads Linux's struct flock")
+def test_slow_looks_in_a_row_turn_the_probe_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {"a:0": 1})
+    before = WriterProbe.open_descriptors()
+    conn = source.open_read_only(str(db))
+    conn.execute("SELECT 1 FROM traces").fetchall()
+    probe = WriterProbe.for_new_descriptor(str(db), before)
+    assert probe.fd is not None
+    monkeypatch.setattr(source, "time", _Clock(step=0.005))  # every look seems to take 5 ms (a lock server)
+    for _ in range(source.PROBE_SLOW_LOOKS - 1):
+        assert not probe.writer_waiting()
+    assert probe.fd is not None, "a slow look or two is just preemption"
+    assert not probe.writer_waiting()
+    assert probe.fd is None, "slow looks in a row turn the probe off"
+    conn.close()
+
+
+def test_reads_of_one_file_take_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two connections of one process would share the lock and keep a writer out: one read at a time."""
+    db = tmp_path / "traces.db"
+    make_store(db, {"a:0": 1})
+    entered = threading.Event()
+    real = source._read_trace_store_sqlite
+
+    def spy(*args: object, **kwargs: object) -> object:
+        entered.set()
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(source, "_read_trace_store_sqlite", spy)
+    results: list[object] = []
+    reader = threading.Thread(target=lambda: results.append(read_trace_store_sqlite(target(db), Policy(), now=0)))
+    with source.one_reader_per_file(str(db)):
+        reader.start()
+        assert not entered.wait(0.3), "a second read of the same file must wait for the first"
+    reader.join(timeout=30)
+    assert entered.is_set() and len(results) == 1
+
+
+def _stalling_connection(db: Path, after_rows: int) -> sqlite3.Connection:
+    """A connection whose ``stall(n)`` sleeps 50 ms once ``n`` passes ``after_rows`` (a page cache miss)."""
+    conn = source.open_read_only(str(db))
+    conn.create_function("stall", 1, lambda n: (time.sleep(0.05) if n > after_rows else None, n)[1])
+    return conn
+
+
+def test_a_chunk_stuck_past_its_end_is_interrupted_and_the_rows_before_it_are_kept(tmp_path: Path) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {f"w{i:03d}:0": 1 for i in range(60)})
+    conn = _stalling_connection(db, after_rows=10)
+    sql = "SELECT session_id, stall(ROW_NUMBER() OVER (ORDER BY session_id)) FROM trace_sessions ORDER BY session_id"
+    with source.StatementWatch(conn) as watch:
+        # chunks of 5: the third chunk stalls for 250 ms, far past the 20 ms end, and no look can end it
+        rows, ended = fetch_for(conn, sql, seconds=0.02, watch=watch, chunk=5)
+        assert watch.interrupts == 1
+        assert not ended and [row[1] for row in rows] == list(range(1, 11)), "whole chunks only, in order"
+        # the interrupt is spent: the next statement runs
+        assert source.fetch_all(conn, "SELECT COUNT(*) FROM trace_sessions", watch=watch)[0] == [(60,)]
+    conn.close()
+
+
+def test_a_statement_interrupted_before_its_first_rows_is_tried_again_then_left_to_finish(tmp_path: Path) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {f"w{i:03d}:0": 1 for i in range(3)})
+    conn = _stalling_connection(db, after_rows=0)
+    sql = "SELECT session_id, stall(ROW_NUMBER() OVER (ORDER BY session_id)) FROM trace_sessions ORDER BY session_id"
+    with source.StatementWatch(conn) as watch:
+        rows, ended = fetch_for(conn, sql, seconds=0.0, watch=watch, chunk=100)
+        assert ended and len(rows) == 3, "the last try runs unwatched to its end: no session is skipped"
+        assert watch.interrupts == source.INTERRUPTED_RETRIES
+    conn.close()
+
+
+def test_an_interrupt_with_no_statement_running_does_not_hit_the_next_one(tmp_path: Path) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {"a:0": 2})
+    conn = source.open_read_only(str(db))
+    with source.StatementWatch(conn) as watch:
+        watch.arm(time.monotonic())
+        wait_for("the watch to fire", lambda: watch.interrupts, lambda n: n == 1, timeout=10.0, interval=0.01)
+        assert source.fetch_all(conn, "SELECT COUNT(*) FROM traces")[0] == [(2,)]
+    conn.close()
+
+
+def test_a_trace_whose_rowid_was_reused_between_the_two_steps_is_not_taken_for_the_candidates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {"a:0": 1, "b:0": 1})
+    with sqlite3.connect(db) as setup:
+        newest = setup.execute("SELECT trace_id, rowid FROM traces ORDER BY rowid DESC LIMIT 1").fetchone()
+    setup.close()
+    real = source.fetch_for
+    mutated: list[bool] = []
+
+    def between_the_steps(conn: sqlite3.Connection, sql: str, params: object = (), **kwargs: object) -> object:
+        if "WHERE rowid IN" in sql and not mutated:  # the gateway deletes a session and writes another
+            with sqlite3.connect(db) as writer:
+                writer.execute("DELETE FROM trace_sessions WHERE trace_id = ?", (newest[0],))
+                writer.execute("DELETE FROM traces WHERE trace_id = ?", (newest[0],))
+                writer.execute("INSERT INTO traces (trace_id, data, created_at) VALUES ('other', '{}', 0)")
+                reused = writer.execute("SELECT rowid FROM traces WHERE trace_id = 'other'").fetchone()[0]
+            writer.close()
+            assert reused == newest[1], "SQLite hands out the deleted top rowid again"
+            mutated.append(True)
+        return real(conn, sql, params, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(source, "fetch_for", between_the_steps)
+    conn = source.open_read_only(str(db))
+    rows = [row for page in source._iter_candidate_traces(conn, ["a:0", "b:0"], seconds=60.0, busy_timeout=5.0)
+            for row in page]
+    conn.close()
+    assert mutated
+    assert [row[1] for row in rows] == [tid for tid in ("a:0/0", "b:0/0") if tid != newest[0]]
