@@ -76,8 +76,6 @@ PAGE_CHUNK = 250
 TRACE_CHUNK = 16
 #: a statement still running this long after its planned end is interrupted (see StatementWatch)
 WATCH_GRACE_SECONDS = 0.01
-#: tries of a statement interrupted before it returned a row; the last one runs unwatched
-INTERRUPTED_RETRIES = 5
 TOMBSTONE_TABLE = "gatewayscope_tombstones"
 
 _REQUIRED_COLUMNS = {
@@ -113,6 +111,9 @@ _TRACE_ROWS_SQL = """
     FROM traces WHERE rowid IN ({placeholders})
     ORDER BY rowid
 """
+#: the same columns by trace id, for traces whose rowid changed between the two steps (a VACUUM renumbers)
+_TRACE_ROWS_BY_ID_SQL = _TRACE_ROWS_SQL.replace("WHERE rowid IN", "WHERE trace_id IN").replace(
+    "ORDER BY rowid", "ORDER BY trace_id")
 
 
 def open_read_only(path: str, *, busy_timeout: float = 10.0) -> sqlite3.Connection:
@@ -257,15 +258,14 @@ def fetch_all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *,
 
     ``fetchall()`` finishes the statement, so in autocommit mode the lock is released before this
     returns. Waits for the lock as ``_start`` does. With ``watch``, a statement still running
-    ``STATEMENT_SECONDS + WATCH_GRACE_SECONDS`` after it took the lock is interrupted and run again
-    (its pages are cached by then); after ``INTERRUPTED_RETRIES`` tries it runs unwatched to its end.
+    ``STATEMENT_SECONDS + WATCH_GRACE_SECONDS`` after it took the lock is interrupted once (a page cache
+    miss: the pages it read are cached by then) and run again unwatched to its end.
     """
-    for attempt in range(INTERRUPTED_RETRIES + 1):  # bounded
-        watched = watch if attempt < INTERRUPTED_RETRIES else None
+    for watched in (watch, None) if watch is not None else (None,):
         cursor, started = _start(conn, sql, params, busy_timeout)
         try:
             if watched is not None:
-                watched.arm(started + STATEMENT_SECONDS + WATCH_GRACE_SECONDS)
+                watched.arm(max(started + STATEMENT_SECONDS, time.monotonic()) + WATCH_GRACE_SECONDS)
             rows = cursor.fetchall()
         except sqlite3.OperationalError as err:
             if watched is None or not _is_interrupt(err):
@@ -400,21 +400,21 @@ def fetch_for(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *,
     Returns the rows read and whether the statement ran to its end. Stopping early closes the
     cursor, which resets the statement and so releases the lock; the rows read so far are the
     statement's first rows, in its order. Some rows are read each time: a statement interrupted before
-    its first chunk is run again, and after ``INTERRUPTED_RETRIES`` tries unwatched.
+    its first chunk is run again a row at a time, and if that is interrupted too, unwatched.
     """
     chunk = chunk or PAGE_CHUNK
     if probe is not None and not probe.still_valid():
         probe = None
-    for attempt in range(INTERRUPTED_RETRIES + 1):  # bounded
-        watched = watch if attempt < INTERRUPTED_RETRIES else None
+    watched = watch
+    while True:  # bounded: at most three tries (chunk, then one row, then unwatched)
         cursor, started = _start(conn, sql, params, busy_timeout)
         rows: list[tuple[Any, ...]] = []
         bound = end = started + seconds
         clear_at = started  # the last look that saw no writer waiting (we hold the lock: none waited before)
         looking = probe
         try:
-            if watched is not None:
-                watched.arm(end + WATCH_GRACE_SECONDS)
+            if watched is not None:  # a slow first step (run by _start) still leaves the first chunk its grace
+                watched.arm(max(end, time.monotonic()) + WATCH_GRACE_SECONDS)
             while True:  # bounded: each turn reads a chunk, and the statement has finitely many rows
                 fetched = cursor.fetchmany(chunk)
                 rows += fetched
@@ -441,7 +441,11 @@ def fetch_for(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *,
             cursor.close()
             if watched is not None:
                 watched.arm(None)
-    raise AssertionError("unreachable: the last try runs unwatched")
+        # interrupted before its first chunk: try one row at a time, and if even one row is that slow
+        # (a huge session, a huge prompt), let the statement run unwatched rather than repeat the work
+        if chunk == 1:
+            watched = None
+        chunk = 1
 
 
 def check_trace_store(conn: sqlite3.Connection, path: str, *, busy_timeout: float = 10.0) -> set[str]:
@@ -567,7 +571,7 @@ def _iter_by_session(conn: sqlite3.Connection, sql: str, session_ids: list[str],
             yield whole
             start = bisect.bisect_left(todo, last, start)
         else:  # one session's rows filled the whole statement: read that session alone, to its end
-            rows, _ = fetch_all(conn, sql.format(placeholders="?"), [last], busy_timeout=busy_timeout, watch=watch)
+            rows, _ = fetch_all(conn, sql.format(placeholders="?"), [last], busy_timeout=busy_timeout)
             yield rows
             start = bisect.bisect_right(todo, last, start)
 
@@ -580,8 +584,9 @@ def _iter_candidate_traces(conn: sqlite3.Connection, session_ids: list[str], *, 
 
     First the traces' ids and rowids (``_TRACE_IDS_SQL``, by session), then their rows (``_TRACE_ROWS_SQL``)
     in rowid order; a statement that stops early is resumed after the last rowid it read. A trace whose
-    rowid now holds another trace id (deleted, and its rowid reused, between the two steps) is left out,
-    as a trace deleted meanwhile is.
+    rowid now holds another trace id (deleted and its rowid reused, or renumbered by a VACUUM, between the
+    two steps) is looked up again by its id: found, it counts; gone, it is left out, as any trace deleted
+    meanwhile is.
     """
     links: dict[int, list[tuple[str, str]]] = {}  # rowid -> [(session_id, trace_id)]: a trace may be shared
     for rows in _iter_by_session(conn, _TRACE_IDS_SQL, session_ids, seconds=seconds, busy_timeout=busy_timeout,
@@ -589,15 +594,33 @@ def _iter_candidate_traces(conn: sqlite3.Connection, session_ids: list[str], *, 
         for sid, trace_id, rowid in rows:
             links.setdefault(rowid, []).append((sid, trace_id))
     rowids = sorted(links)
+    found: set[str] = set()
     start = 0
     while start < len(rowids):  # bounded: every turn moves ``start`` forward (a stopped statement read rows)
         batch = rowids[start:start + TRACE_BATCH]
         rows, ended = fetch_for(conn, _TRACE_ROWS_SQL.format(placeholders=",".join("?" * len(batch))), batch,
                                 seconds=seconds, busy_timeout=busy_timeout, probe=probe, watch=watch,
                                 chunk=TRACE_CHUNK)
-        yield [(sid, trace_id, *values) for rowid, trace_id, *values in rows
-               for sid, expected in links[rowid] if trace_id == expected]
+        matched = [(sid, trace_id, *values) for rowid, trace_id, *values in rows
+                   for sid, expected in links[rowid] if trace_id == expected]
+        found.update(row[1] for row in matched)
+        yield matched
         start = start + len(batch) if ended else bisect.bisect_right(rowids, rows[-1][0], start)
+    # a trace not found under its rowid was deleted, or moved (VACUUM renumbers rowids): look it up by id
+    by_id: dict[str, list[str]] = {}
+    for pairs in links.values():
+        for sid, trace_id in pairs:
+            if trace_id not in found:
+                by_id.setdefault(trace_id, []).append(sid)
+    missing = sorted(by_id)
+    start = 0
+    while start < len(missing):  # bounded as above
+        ids = missing[start:start + TRACE_BATCH]
+        rows, ended = fetch_for(conn, _TRACE_ROWS_BY_ID_SQL.format(placeholders=",".join("?" * len(ids))), ids,
+                                seconds=seconds, busy_timeout=busy_timeout, probe=probe, watch=watch,
+                                chunk=TRACE_CHUNK)
+        yield [(sid, trace_id, *values) for _, trace_id, *values in rows for sid in by_id[trace_id]]
+        start = start + len(ids) if ended else bisect.bisect_right(missing, rows[-1][1], start)
 
 
 def _sessions_frame(rows: list[tuple[Any, ...]]) -> pl.DataFrame:

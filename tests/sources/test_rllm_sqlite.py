@@ -351,10 +351,11 @@ def _stalling_connection(db: Path, after_rows: int) -> sqlite3.Connection:
 def test_a_chunk_stuck_past_its_end_is_interrupted_and_the_rows_before_it_are_kept(tmp_path: Path) -> None:
     db = tmp_path / "traces.db"
     make_store(db, {f"w{i:03d}:0": 1 for i in range(60)})
-    conn = _stalling_connection(db, after_rows=10)
+    # the cursor steps one row ahead of what it returns: rows past 12 stall, so the third chunk (rows 11-15)
+    # stalls inside its fetch, far past the 20 ms end, where no look at the clock can end it
+    conn = _stalling_connection(db, after_rows=12)
     sql = "SELECT session_id, stall(ROW_NUMBER() OVER (ORDER BY session_id)) FROM trace_sessions ORDER BY session_id"
     with source.StatementWatch(conn) as watch:
-        # chunks of 5: the third chunk stalls for 250 ms, far past the 20 ms end, and no look can end it
         rows, ended = fetch_for(conn, sql, seconds=0.02, watch=watch, chunk=5)
         assert watch.interrupts == 1
         assert not ended and [row[1] for row in rows] == list(range(1, 11)), "whole chunks only, in order"
@@ -363,15 +364,26 @@ def test_a_chunk_stuck_past_its_end_is_interrupted_and_the_rows_before_it_are_ke
     conn.close()
 
 
-def test_a_statement_interrupted_before_its_first_rows_is_tried_again_then_left_to_finish(tmp_path: Path) -> None:
+def test_a_statement_interrupted_before_its_first_rows_is_tried_a_row_at_a_time_then_left_to_finish(
+        tmp_path: Path) -> None:
     db = tmp_path / "traces.db"
     make_store(db, {f"w{i:03d}:0": 1 for i in range(3)})
-    conn = _stalling_connection(db, after_rows=0)
+    conn = _stalling_connection(db, after_rows=0)  # every row takes 50 ms: even one row overruns a 0 s bound
     sql = "SELECT session_id, stall(ROW_NUMBER() OVER (ORDER BY session_id)) FROM trace_sessions ORDER BY session_id"
     with source.StatementWatch(conn) as watch:
         rows, ended = fetch_for(conn, sql, seconds=0.0, watch=watch, chunk=100)
-        assert ended and len(rows) == 3, "the last try runs unwatched to its end: no session is skipped"
-        assert watch.interrupts == source.INTERRUPTED_RETRIES
+        assert watch.interrupts == 2, "the whole chunk, then a single row, then no more"
+        assert not ended and [row[0] for row in rows] == ["w000:0"], "the unwatched try reads a row: progress"
+    conn.close()
+
+
+def test_fetch_all_interrupted_once_runs_again_unwatched(tmp_path: Path) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {f"w{i:03d}:0": 1 for i in range(3)})
+    conn = _stalling_connection(db, after_rows=1)  # the first row comes with the statement's start
+    with source.StatementWatch(conn) as watch:
+        rows, _ = source.fetch_all(conn, "SELECT stall(rowid) FROM trace_sessions ORDER BY rowid", watch=watch)
+        assert rows == [(1,), (2,), (3,)] and watch.interrupts == 1
     conn.close()
 
 
@@ -415,3 +427,28 @@ def test_a_trace_whose_rowid_was_reused_between_the_two_steps_is_not_taken_for_t
     conn.close()
     assert mutated
     assert [row[1] for row in rows] == [tid for tid in ("a:0/0", "b:0/0") if tid != newest[0]]
+
+
+def test_a_trace_renumbered_between_the_two_steps_is_found_by_its_id(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A VACUUM renumbers the rowids of a table with a text key: the traces are still there, and still read."""
+    db = tmp_path / "traces.db"
+    make_store(db, {"a:0": 1, "b:0": 1, "c:0": 2})
+    real = source.fetch_for
+    moved: list[bool] = []
+
+    def between_the_steps(conn: sqlite3.Connection, sql: str, params: object = (), **kwargs: object) -> object:
+        if "WHERE rowid IN" in sql and not moved:
+            with sqlite3.connect(db) as writer:  # shift every rowid, as a renumbering would
+                writer.execute("UPDATE traces SET rowid = rowid + 1000")
+            writer.close()
+            moved.append(True)
+        return real(conn, sql, params, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(source, "fetch_for", between_the_steps)
+    conn = source.open_read_only(str(db))
+    rows = sorted(row[:2] for page in source._iter_candidate_traces(conn, ["a:0", "b:0", "c:0"], seconds=60.0,
+                                                                    busy_timeout=5.0) for row in page)
+    conn.close()
+    assert moved
+    assert rows == [("a:0", "a:0/0"), ("b:0", "b:0/0"), ("c:0", "c:0/0"), ("c:0", "c:0/1")]
