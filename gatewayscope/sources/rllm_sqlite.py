@@ -101,6 +101,7 @@ _TRACE_IDS_SQL = """
     WHERE ts.session_id IN ({placeholders})
     ORDER BY ts.session_id
 """
+#: ``key`` is ``rowid`` (file order), or ``trace_id`` for traces whose rowid changed between the two steps
 _TRACE_ROWS_SQL = """
     SELECT rowid, trace_id, created_at,
            json_extract(data, '$.weight_version'),
@@ -108,12 +109,9 @@ _TRACE_ROWS_SQL = """
            json_extract(data, '$.token_counts.prompt'),
            length(json_extract(data, '$.messages')),
            json_extract(data, '$.model')
-    FROM traces WHERE rowid IN ({placeholders})
-    ORDER BY rowid
+    FROM traces WHERE {key} IN ({placeholders})
+    ORDER BY {key}
 """
-#: the same columns by trace id, for traces whose rowid changed between the two steps (a VACUUM renumbers)
-_TRACE_ROWS_BY_ID_SQL = _TRACE_ROWS_SQL.replace("WHERE rowid IN", "WHERE trace_id IN").replace(
-    "ORDER BY rowid", "ORDER BY trace_id")
 
 
 def open_read_only(path: str, *, busy_timeout: float = 10.0) -> sqlite3.Connection:
@@ -593,34 +591,37 @@ def _iter_candidate_traces(conn: sqlite3.Connection, session_ids: list[str], *, 
                                  probe=probe, watch=watch):
         for sid, trace_id, rowid in rows:
             links.setdefault(rowid, []).append((sid, trace_id))
-    rowids = sorted(links)
     found: set[str] = set()
-    start = 0
-    while start < len(rowids):  # bounded: every turn moves ``start`` forward (a stopped statement read rows)
-        batch = rowids[start:start + TRACE_BATCH]
-        rows, ended = fetch_for(conn, _TRACE_ROWS_SQL.format(placeholders=",".join("?" * len(batch))), batch,
-                                seconds=seconds, busy_timeout=busy_timeout, probe=probe, watch=watch,
-                                chunk=TRACE_CHUNK)
+    for rows in _iter_trace_rows(conn, "rowid", sorted(links), seconds=seconds, busy_timeout=busy_timeout,
+                                 probe=probe, watch=watch):
         matched = [(sid, trace_id, *values) for rowid, trace_id, *values in rows
                    for sid, expected in links[rowid] if trace_id == expected]
         found.update(row[1] for row in matched)
         yield matched
-        start = start + len(batch) if ended else bisect.bisect_right(rowids, rows[-1][0], start)
     # a trace not found under its rowid was deleted, or moved (VACUUM renumbers rowids): look it up by id
     by_id: dict[str, list[str]] = {}
     for pairs in links.values():
         for sid, trace_id in pairs:
             if trace_id not in found:
                 by_id.setdefault(trace_id, []).append(sid)
-    missing = sorted(by_id)
-    start = 0
-    while start < len(missing):  # bounded as above
-        ids = missing[start:start + TRACE_BATCH]
-        rows, ended = fetch_for(conn, _TRACE_ROWS_BY_ID_SQL.format(placeholders=",".join("?" * len(ids))), ids,
-                                seconds=seconds, busy_timeout=busy_timeout, probe=probe, watch=watch,
-                                chunk=TRACE_CHUNK)
+    for rows in _iter_trace_rows(conn, "trace_id", sorted(by_id), seconds=seconds, busy_timeout=busy_timeout,
+                                 probe=probe, watch=watch):
         yield [(sid, trace_id, *values) for _, trace_id, *values in rows for sid in by_id[trace_id]]
-        start = start + len(ids) if ended else bisect.bisect_right(missing, rows[-1][1], start)
+
+
+def _iter_trace_rows(conn: sqlite3.Connection, key: str, keys: list[Any], *, seconds: float, busy_timeout: float,
+                     probe: WriterProbe | None, watch: StatementWatch | None) -> Iterator[list[tuple[Any, ...]]]:
+    """``_TRACE_ROWS_SQL`` rows for the sorted ``keys`` of column ``key`` (``rowid`` or ``trace_id``), in
+    statements of at most ``seconds`` of lock each; one that stops early is resumed after the last key read."""
+    column = 0 if key == "rowid" else 1
+    start = 0
+    while start < len(keys):  # bounded: every turn moves ``start`` forward (a stopped statement read rows)
+        batch = keys[start:start + TRACE_BATCH]
+        sql = _TRACE_ROWS_SQL.format(key=key, placeholders=",".join("?" * len(batch)))
+        rows, ended = fetch_for(conn, sql, batch, seconds=seconds, busy_timeout=busy_timeout, probe=probe,
+                                watch=watch, chunk=TRACE_CHUNK)
+        yield rows
+        start = start + len(batch) if ended else bisect.bisect_right(keys, rows[-1][column], start)
 
 
 def _sessions_frame(rows: list[tuple[Any, ...]]) -> pl.DataFrame:
