@@ -13,17 +13,19 @@ The sandbox, made bad on purpose so every "fire when bad" alert has something to
   accounting, one between its low and high boot-memory bounds (at risk), one below the low bound (over);
 * ``rllm-down``: a port where nothing listens (target down).
 
-Prometheus (Debian's package) scrapes the exporter's ``/metrics`` (scrape-static.yml's job) and, through the
-relabeling of scrape-multi-target.yml taken verbatim, ``/probe`` and ``/exporter-metrics``, with the alert
-rules loaded. Then every panel query of both dashboards (``$target`` and ``$__rate_interval`` substituted)
-and every alert expression, exactly as written in alerts.yml, is run through Prometheus's HTTP API and must
-return data; every rule must evaluate without error and every alert must become pending or firing.
+Prometheus (Debian's package) scrapes the exporter's ``/metrics`` (scrape-static.yml's job, which also
+lists an address where nothing listens: an exporter that is down) and, through the relabeling of
+scrape-multi-target.yml taken verbatim, ``/probe`` and ``/exporter-metrics``, with the alert and recording
+rules loaded. Then every panel query of the three dashboards and every alert expression, exactly as
+written in alerts.yml, is run through Prometheus's HTTP API and must return data; every rule must
+evaluate without error and every alert must become pending or firing.
 
 Substitutions: ``$__rate_interval`` -> ``10s`` (five scrapes at the 2 s interval; Grafana would pick at
-least four scrape intervals); ``$target`` -> ``.+`` (the overview's "All" value) on the overview, and each
-sandbox target in turn on the per-target dashboard, where a panel passes when one target gives data (a
-trace-store panel has nothing to show for a Bifrost target and the other way round). No alert expression
-is modified.
+least four scrape intervals); ``$job`` -> ``.+`` (its "All" value); ``$target`` -> ``.+`` (the overview's
+"All" value) on the overview. On a kind's dashboard ``$target`` is its "All" value (the kind's targets,
+as its target variable lists them) and then each target of that kind that is up in turn: every panel
+must return data for every one of them, except the panels listed in EXPECTED_EMPTY for the target named
+there, which must return nothing. No alert expression is modified.
 
 Every wait is bounded; Prometheus, the exporter, the emulator and the gateways are stopped at teardown.
 """
@@ -57,6 +59,19 @@ DASHBOARDS = ROOT / "dashboards"
 SCRAPE_INTERVAL = "2s"
 RATE_INTERVAL = "10s"
 TARGETS = ("rllm-plain", "rllm-sqlite", "bifrost", "bifrost-over", "rllm-down")
+KIND_TARGETS = {"gatewayscope-trace-store.json": ("rllm-plain", "rllm-sqlite", "rllm-down"),
+                "gatewayscope-bifrost.json": ("bifrost", "bifrost-over")}
+DOWN_TARGETS = {"rllm-down"}
+DASHBOARD_FILES = ("gatewayscope-overview.json", "gatewayscope-trace-store.json", "gatewayscope-bifrost.json")
+#: (dashboard, panel title) -> the sandbox target for which that panel's queries return no data, on purpose.
+#: rllm-plain is the unmodified rLLM gateway without the tombstone guard, and the exporter serves the
+#: guard's series (tombstones, capacity, dropped writes) only where a guard is installed; the same panels
+#: must show data for rllm-sqlite, whose SQLite store carries the guard.
+EXPECTED_EMPTY = {
+    ("gatewayscope-trace-store.json", "Tombstones"): "rllm-plain",
+    ("gatewayscope-trace-store.json", "Tombstone capacity used"): "rllm-plain",
+    ("gatewayscope-trace-store.json", "Dropped straggler writes"): "rllm-plain",
+}
 TOMBSTONE_CAPACITY = 20
 WAIT = 90.0  # the bound on every wait for Prometheus to see something
 
@@ -128,8 +143,9 @@ def exporter_config(path: Path, places: dict[str, tuple[str, str]], limits: dict
     path.write_text("\n".join(lines))
 
 
-def prometheus_config(path: Path, exporter_address: str) -> None:
-    """scrape-static.yml's job and scrape-multi-target.yml's jobs (relabeling verbatim), pointed here."""
+def prometheus_config(path: Path, exporter_address: str, dead_address: str) -> None:
+    """scrape-static.yml's job (plus an exporter address where nothing listens) and scrape-multi-target.yml's
+    jobs (relabeling verbatim), pointed here, with the alert and recording rules."""
     static = yaml.safe_load((DASHBOARDS / "prometheus" / "scrape-static.yml").read_text())
     multi = yaml.safe_load((DASHBOARDS / "prometheus" / "scrape-multi-target.yml").read_text())
     jobs = []
@@ -142,30 +158,48 @@ def prometheus_config(path: Path, exporter_address: str) -> None:
             for rule in job["relabel_configs"]:
                 if rule.get("target_label") == "__address__":
                     rule["replacement"] = exporter_address
+        elif job["job_name"] == "gatewayscope":
+            job["static_configs"] = [{"targets": [exporter_address, dead_address]}]
         else:
             job["static_configs"] = [{"targets": [exporter_address]}]
         jobs.append(job)
     config = {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": "1s"},
-        "rule_files": [str(DASHBOARDS / "prometheus" / "alerts.yml")],
+        "rule_files": [str(DASHBOARDS / "prometheus" / name) for name in static["rule_files"]],
         "scrape_configs": jobs,
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
+def load_dashboard(name: str) -> dict[str, Any]:
+    return dict(json.loads((DASHBOARDS / "grafana" / name).read_text()))
+
+
 def dashboard_queries() -> list[tuple[str, str, str]]:
     """(dashboard file, panel title, expr) for every query of every panel."""
     out = []
-    for name in ("overview.json", "target.json"):
-        dashboard = json.loads((DASHBOARDS / "grafana" / name).read_text())
-        for panel in dashboard["panels"]:
-            for target in panel["targets"]:
+    for name in DASHBOARD_FILES:
+        for panel in load_dashboard(name)["panels"]:
+            for target in panel.get("targets", []):  # rows have none
                 out.append((name, panel["title"], target["expr"]))
     return out
 
 
 def substitute(expr: str, target: str) -> str:
-    return expr.replace("$__rate_interval", RATE_INTERVAL).replace("$target", target)
+    return expr.replace("$__rate_interval", RATE_INTERVAL).replace("$job", ".+").replace("$target", target)
+
+
+def target_values(name: str) -> str:
+    """What ``$target`` becomes on dashboard ``name`` when "All" is selected."""
+    variable = next(v for v in load_dashboard(name)["templating"]["list"] if v["name"] == "target")
+    if variable.get("allValue"):
+        return str(variable["allValue"])
+    return "(" + "|".join(KIND_TARGETS[name]) + ")"  # Grafana joins the listed values into a regex
+
+
+def record_names() -> list[str]:
+    return [rule["record"] for group in yaml.safe_load((DASHBOARDS / "prometheus" / "rules.yml").read_text())
+            ["groups"] for rule in group["rules"]]
 
 
 def test_every_panel_and_alert_against_a_real_prometheus(
@@ -215,7 +249,8 @@ def test_every_panel_and_alert_against_a_real_prometheus(
         for name in TARGETS[:-1]:
             assert f'target="{name}"}} 1.0' in warm.text.split("# HELP gatewayscope_up ")[1].split("# HELP")[0], name
 
-        prometheus_config(tmp_path / "prometheus.yml", exporter_url.removeprefix("http://"))
+        dead_exporter = f"127.0.0.1:{free_port()}"
+        prometheus_config(tmp_path / "prometheus.yml", exporter_url.removeprefix("http://"), dead_exporter)
         data_dir = tmp_path / "tsdb"
         prometheus, prometheus_url = start_on_free_port(
             "prometheus",
@@ -252,16 +287,40 @@ def test_every_panel_and_alert_against_a_real_prometheus(
             'increase(gatewayscope_trace_store_dropped_writes_total{job="gatewayscope", target="rllm-sqlite"}[1h])'),
             lambda v: v is not None and v > 0)
 
-        # every dashboard query returns data
+        # every dashboard's variables list what they should: a kind's dashboard only that kind's targets
+        def label_values(query: str) -> set[str]:
+            match = re.fullmatch(r"label_values\((.*), (\w+)\)", query)
+            assert match, query
+            series = httpx.get(f"{prometheus_url}/api/v1/series", params={"match[]": match.group(1)}, timeout=30)
+            return {s[match.group(2)] for s in series.json()["data"] if match.group(2) in s}
+
+        for name in DASHBOARD_FILES:
+            queries = {v["name"]: v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+                       for v in load_dashboard(name)["templating"]["list"] if v["type"] == "query"}
+            assert label_values(queries["job"]) == {"gatewayscope", "gatewayscope-targets", "gatewayscope-exporter"}
+            targets = label_values(queries["target"].replace("$job", ".+"))
+            assert targets == set(KIND_TARGETS.get(name, TARGETS)), name
+
+        # every dashboard query returns data: for "All", and on a kind's dashboard for each of its targets
+        # that is up, except EXPECTED_EMPTY (which must then return nothing)
         def missing_panels() -> list[str]:
             missing = []
             for name, title, expr in dashboard_queries():
-                candidates = [".+"] if name == "overview.json" else list(TARGETS)
-                if not any(prom.query(substitute(expr, candidate)) for candidate in candidates):
-                    missing.append(f"{name}: {title}: {expr}")
+                candidates = [target_values(name)]
+                if name in KIND_TARGETS:
+                    candidates += [t for t in KIND_TARGETS[name] if t not in DOWN_TARGETS]
+                for candidate in candidates:
+                    data = bool(prom.query(substitute(expr, candidate)))
+                    if data != (EXPECTED_EMPTY.get((name, title)) != candidate):
+                        missing.append(f"{name}: {title} ({candidate}): {'data' if data else 'no data'}: {expr}")
             return missing
 
         wait_for("every dashboard query to return data", missing_panels, lambda missing: missing == [])
+        assert all(any(t == title for _, t, _ in dashboard_queries()) for _, title in EXPECTED_EMPTY)
+
+        # every recording rule records something
+        wait_for("every recording rule to record", lambda: [r for r in record_names() if not prom.query(r)],
+                 lambda empty: empty == [])
 
         # every alert expression, as written, returns data
         rules = [rule for group in yaml.safe_load((DASHBOARDS / "prometheus" / "alerts.yml").read_text())["groups"]
@@ -272,6 +331,7 @@ def test_every_panel_and_alert_against_a_real_prometheus(
 
         wait_for("every alert expression to return data", quiet_alert_exprs, lambda quiet: quiet == [])
         by_name = {rule["alert"]: prom.query(rule["expr"]) for rule in rules}
+        assert {r["metric"].get("instance") for r in by_name["GatewayscopeExporterDown"]} == {dead_exporter}
         assert {r["metric"]["target"] for r in by_name["GatewayscopeTargetDown"]} == {"rllm-down"}
         assert {r["metric"]["target"] for r in by_name["GatewayscopeBifrostBootMemoryOverLimit"]} == {"bifrost-over"}
         assert {r["metric"]["target"] for r in by_name["GatewayscopeBifrostBootMemoryAtRisk"]} == {"bifrost"}
@@ -288,7 +348,8 @@ def test_every_panel_and_alert_against_a_real_prometheus(
                     for rule in group["rules"]}
 
         wait_for("every rule evaluated", rule_health,
-                 lambda health: set(health) == {r["alert"] for r in rules} and set(health.values()) == {"ok"})
+                 lambda health: set(health) == {r["alert"] for r in rules} | set(record_names())
+                 and set(health.values()) == {"ok"})
         seen: set[str] = set()
 
         def active_alerts() -> set[str]:

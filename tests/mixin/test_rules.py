@@ -1,16 +1,14 @@
-"""The alert rules and the scrape examples, through Debian's promtool; and the exporter's output through its linter.
+"""The alert and recording rules through Debian's promtool, their conventions, the runbooks, the PrometheusRule
+manifest, and the exporter's output through promtool's linter.
 
-promtool comes from Debian's ``prometheus`` package. Without it these tests skip, except under CI (the
-``CI`` environment variable set), where they fail: CI installs it (``.ci/run``).
+promtool comes from Debian's ``prometheus`` package. Without it the promtool tests skip, except under CI
+(the ``CI`` environment variable set), where they fail: CI installs it (``.ci/run``).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,12 +20,27 @@ from gatewayscope.config import Config, Policy, Target
 from gatewayscope.exporter.collectors import METRICS
 from gatewayscope.exporter.server import make_server
 from gatewayscope.exporter.settings import ExporterSettings
+from tests.mixin.mixin_files import (
+    DASHBOARDS,
+    DEFAULT_JOB_SELECTOR,
+    DEFAULT_RUNBOOK_BASE_URL,
+    PROMETHEUS_DIR,
+    ROOT,
+    RUNBOOKS,
+    SELECTOR_NAME,
+    all_exprs,
+    counter_function_misuse,
+    github_anchors,
+    rule_groups,
+    rules,
+    run_build,
+    run_promtool,
+)
 
 yaml = pytest.importorskip("yaml")
 
-ROOT = Path(__file__).resolve().parents[2]
-PROMETHEUS_DIR = ROOT / "dashboards" / "prometheus"
 REQUIRED_ALERTS = {
+    "GatewayscopeExporterDown",
     "GatewayscopeTargetDown",
     "GatewayscopeOrphanSessionsGrowing",
     "GatewayscopeTombstoneCapacityNearlyFull",
@@ -37,46 +50,63 @@ REQUIRED_ALERTS = {
     "GatewayscopeBifrostUnreachableRecords",
 }
 NOTEBOOKS = {"notebooks/remediate.ipynb", "notebooks/triage.ipynb"}
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path:
-        return path
-    if os.environ.get("CI"):
-        pytest.fail("promtool is not on PATH, and CI must run these tests: install Debian's 'prometheus' package "
-                    "(.ci/run does: apt-get install prometheus)")
-    pytest.skip("promtool is not installed (Debian: apt-get install prometheus); CI runs these tests")
-
-
-def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([promtool(), *args], input=stdin, capture_output=True, text=True, timeout=120,
-                          cwd=PROMETHEUS_DIR)
+ORPHANS = "gatewayscope_trace_store_orphan_sessions"
 
 
 def alert_rules() -> list[dict[str, Any]]:
-    document = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())
-    return [rule for group in document["groups"] for rule in group["rules"]]
+    return rules("alerts.yml")
+
+
+def unit_tests() -> list[dict[str, Any]]:
+    return list(yaml.safe_load((PROMETHEUS_DIR / "alerts_test.yml").read_text())["tests"])
 
 
 # -- promtool ---------------------------------------------------------------------------------------
 
-def test_promtool_check_rules() -> None:
-    done = run("check", "rules", "alerts.yml")
+@pytest.mark.parametrize("name", ["alerts.yml", "rules.yml"])
+def test_promtool_check_rules(name: str) -> None:
+    done = run_promtool("check", "rules", name)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"SUCCESS: {len(alert_rules())} rules found" in done.stdout
+    assert f"SUCCESS: {len(rules(name))} rules found" in done.stdout
 
 
 def test_promtool_test_rules() -> None:
-    done = run("test", "rules", "alerts_test.yml")
+    done = run_promtool("test", "rules", "alerts_test.yml")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
 
 
 @pytest.mark.parametrize("name", ["scrape-static.yml", "scrape-multi-target.yml"])
 def test_promtool_check_config_of_the_scrape_examples(name: str) -> None:
-    done = run("check", "config", name)
+    done = run_promtool("check", "config", name)
     assert done.returncode == 0, done.stdout + done.stderr
+    # the examples load the alerts and the recording rules the dashboards read
+    assert yaml.safe_load((PROMETHEUS_DIR / name).read_text())["rule_files"] == ["alerts.yml", "rules.yml"]
+
+
+def test_the_prometheusrule_manifest_holds_exactly_both_rule_files(tmp_path: Path) -> None:
+    manifest = yaml.safe_load((DASHBOARDS / "kubernetes" / "prometheusrule.yaml").read_text())
+    assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
+    assert manifest["kind"] == "PrometheusRule"
+    assert manifest["metadata"]["name"] == "gatewayscope"
+    assert manifest["spec"]["groups"] == rule_groups("alerts.yml") + rule_groups("rules.yml")
+    (tmp_path / "spec.yml").write_text(yaml.safe_dump({"groups": manifest["spec"]["groups"]}))
+    done = run_promtool("check", "rules", "spec.yml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_build_with_a_cluster_label_passes_promtool_and_the_unit_tests(tmp_path: Path) -> None:
+    """The aggregations keep the cluster label; series without it (one cluster) still alert as before."""
+    done = run_build("--cluster-label", "cluster", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    prometheus = tmp_path / "prometheus"
+    assert "by (cluster, job, instance, target)" in (prometheus / "alerts.yml").read_text()
+    shutil.copy(PROMETHEUS_DIR / "alerts_test.yml", prometheus / "alerts_test.yml")
+    for args in (("check", "rules", "alerts.yml", "rules.yml"), ("test", "rules", "alerts_test.yml")):
+        done = run_promtool(*args, cwd=prometheus)
+        assert done.returncode == 0, done.stdout + done.stderr
+    manifest = yaml.safe_load((tmp_path / "kubernetes" / "prometheusrule.yaml").read_text())
+    assert manifest["spec"]["groups"] == rule_groups("alerts.yml", prometheus) + rule_groups("rules.yml", prometheus)
 
 
 @pytest.fixture
@@ -118,37 +148,102 @@ def metrics_text() -> Iterator[str]:
 def test_promtool_check_metrics_on_a_real_scrape(metrics_text: str) -> None:
     exposed = set(re.findall(r"^# TYPE (\S+) ", metrics_text, flags=re.M))
     assert set(METRICS) - exposed == set(), "missing from a scrape of every kind of target"
-    done = run("check", "metrics", stdin=metrics_text)
+    done = run_promtool("check", "metrics", stdin=metrics_text)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "" and done.stderr.strip() == ""
 
 
-# -- the rules' own conventions ---------------------------------------------------------------------
+# -- every expression -------------------------------------------------------------------------------
+
+def test_every_expression_of_every_dashboard_and_rule_carries_the_job_selector() -> None:
+    exprs = all_exprs()
+    assert len(exprs) > 50
+    for where, expr in exprs:
+        assert DEFAULT_JOB_SELECTOR in expr, (where, expr)
+        selectors = [s for s in re.findall(r"\{([^{}]*)\}", expr.replace("{{", "").replace("}}", "")) if "=" in s]
+        assert selectors, (where, expr)
+        for selector in selectors:
+            assert DEFAULT_JOB_SELECTOR in selector, (where, selector)
+
+
+def test_counter_functions_see_only_counters() -> None:
+    """rate/irate/increase/delta/idelta only on _total counters: on a gauge, a cleanup reads as negative growth."""
+    bad = [(where, misuse) for where, expr in all_exprs() for misuse in counter_function_misuse(expr)]
+    assert bad == []
+
+
+@pytest.mark.parametrize("expr", [
+    f"sum by (target) (delta({ORPHANS}{{job=\"gatewayscope\"}}[1h]))",
+    "rate(gatewayscope_up{job=\"x\"}[5m])",
+    f"increase(max_over_time({ORPHANS}{{job=\"x\"}}[5m])[1h:])",
+    "rate(gatewayscope:exporter_target_reads:rate5m{job=\"x\"}[5m])",
+])
+def test_the_counter_check_catches_a_gauge(expr: str) -> None:
+    assert counter_function_misuse(expr)
+
+
+def test_recording_rules_follow_the_naming_convention() -> None:
+    records = rules("rules.yml")
+    assert records
+    for rule in records:
+        name = rule["record"]
+        assert re.fullmatch(r"gatewayscope:[a-z0-9_]+:[a-z0-9_]+", name), name
+        for metric in SELECTOR_NAME.findall(rule["expr"]):
+            assert metric in METRICS or metric in {r["record"] for r in records}, (name, metric)
+        if "rate(" in rule["expr"]:
+            assert re.search(r":rate\d+[smh]$", name) and "_total" not in name, name
+
+
+# -- the alerts' own conventions --------------------------------------------------------------------
 
 def test_alert_names_labels_and_annotations() -> None:
-    rules = alert_rules()
-    names = [rule["alert"] for rule in rules]
+    rules_ = alert_rules()
+    names = [rule["alert"] for rule in rules_]
     assert len(set(names)) == len(names)
     assert set(names) >= REQUIRED_ALERTS
-    for rule in rules:
+    for rule in rules_:
         name = rule["alert"]
         assert re.fullmatch(r"Gatewayscope(?:[A-Z][a-z0-9]+)+", name), name
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
         annotations = rule["annotations"]
         assert {"summary", "description", "runbook_url"} <= set(annotations), name
-        assert annotations["runbook_url"] == f"README.md#runbook-{name.lower()}", name
+        assert annotations["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE_URL}#{name.lower()}", name
         assert annotations["notebook"] in NOTEBOOKS, name
-        for metric in re.findall(r"\bgatewayscope_[a-z0-9_]+\b", rule["expr"]):
-            assert metric in METRICS, f"{name}: {metric}"
-    severities = {rule["alert"]: rule["labels"]["severity"] for rule in rules}
+        for metric in SELECTOR_NAME.findall(rule["expr"]):
+            assert metric in METRICS or metric == "up", f"{name}: {metric}"
+        # alerts read the exporter's series only: they work without rules.yml and on history older than it
+        assert "gatewayscope:" not in rule["expr"], name
+    severities = {rule["alert"]: rule["labels"]["severity"] for rule in rules_}
     assert severities["GatewayscopeBifrostBootMemoryOverLimit"] == "critical"
+    assert severities["GatewayscopeExporterDown"] == "critical"
+
+
+def test_exporter_down_covers_a_failed_scrape_and_a_missing_job() -> None:
+    expr = next(rule["expr"] for rule in alert_rules() if rule["alert"] == "GatewayscopeExporterDown")
+    assert f"up{{{DEFAULT_JOB_SELECTOR}}} == 0" in expr and f"absent(up{{{DEFAULT_JOB_SELECTOR}}})" in expr
+    firing = [alert["exp_labels"] for case in unit_tests() for check in case["alert_rule_test"]
+              if check["alertname"] == "GatewayscopeExporterDown" for alert in check.get("exp_alerts") or []]
+    assert any("instance" in labels for labels in firing), "no unit test of up == 0"
+    assert {"severity": "critical"} in firing, "no unit test of absent(up)"
+
+
+def test_the_orphan_growth_unit_test_is_the_cleanup_scenario_from_the_gauge_alone() -> None:
+    """10 orphans deleted at 30 m, then one new one every 10 minutes: firing by 30 minutes after growth resumes."""
+    cases = [case for case in unit_tests()
+             if any(check["alertname"] == "GatewayscopeOrphanSessionsGrowing" for check in case["alert_rule_test"])]
+    cleanup = [case for case in cases if "cleanup" in case["name"]
+               and all(series["series"].startswith(ORPHANS + "{") for series in case["input_series"])]
+    assert cleanup, "no unit test of growth after a cleanup fed only the orphan gauge"
+    fires = [check for case in cleanup for check in case["alert_rule_test"] if check.get("exp_alerts")]
+    assert fires and min(int(check["eval_time"].rstrip("m")) for check in fires) <= 60
+    never = [case for case in cases if all(not check.get("exp_alerts") for check in case["alert_rule_test"])]
+    assert never and any("decreasing" in case["name"] and "flat" in case["name"] for case in never)
 
 
 def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
-    tests = yaml.safe_load((PROMETHEUS_DIR / "alerts_test.yml").read_text())["tests"]
     fires: set[str] = set()
     quiet: set[str] = set()
-    for case in tests:
+    for case in unit_tests():
         for check in case.get("alert_rule_test", []):
             (fires if check.get("exp_alerts") else quiet).add(check["alertname"])
     names = {rule["alert"] for rule in alert_rules()}
@@ -156,19 +251,27 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
     assert names - quiet == set(), "no test where it stays quiet"
 
 
-def test_the_readme_has_a_runbook_section_per_alert() -> None:
+# -- runbooks ---------------------------------------------------------------------------------------
+
+def test_every_runbook_url_resolves_to_a_heading_of_docs_runbooks_md() -> None:
+    assert DEFAULT_RUNBOOK_BASE_URL.endswith("/docs/runbooks.md")
+    anchors = github_anchors(RUNBOOKS.read_text())
+    for rule in alert_rules():
+        base, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert base == DEFAULT_RUNBOOK_BASE_URL, rule["alert"]
+        assert anchor in anchors, f"{rule['alert']}: docs/runbooks.md has no heading for #{anchor}"
+        assert f"\n## {rule['alert']}\n" in RUNBOOKS.read_text(), rule["alert"]
+
+
+def test_the_anchor_rules() -> None:
+    assert github_anchors("## GatewayscopeExporterDown\n# Runbook: Foo (bar), baz!\n") == {
+        "gatewayscopeexporterdown", "runbook-foo-bar-baz"}
+
+
+def test_the_readme_lists_every_alert_and_links_the_runbooks() -> None:
     readme = (ROOT / "README.md").read_text()
-    if "## Alerts and runbook" not in readme:
-        pytest.skip("README.md has no 'Alerts and runbook' section yet")
-    for name in {rule["alert"] for rule in alert_rules()}:
-        assert f"### Runbook: {name}\n" in readme, name
-
-
-def test_dashboards_json_is_valid_for_the_queries_the_e2e_runs() -> None:
-    # the e2e substitutes $target and $__rate_interval; make sure no other variable is used in a query
-    for name in ("overview.json", "target.json"):
-        dashboard = json.loads((ROOT / "dashboards" / "grafana" / name).read_text())
-        for panel in dashboard["panels"]:
-            for target in panel["targets"]:
-                leftover = set(re.findall(r"\$\{?(\w+)", target["expr"])) - {"target", "__rate_interval"}
-                assert leftover == set(), (name, panel["title"], leftover)
+    section = readme.split("## Alerts and runbook\n", 1)[1].split("\n## ", 1)[0]
+    assert "docs/runbooks.md" in section and "docs/mixin.md" in section
+    assert "### Runbook:" not in readme, "the runbooks live in docs/runbooks.md"
+    for rule in alert_rules():
+        assert f"| {rule['alert']} | {rule['labels']['severity']} |" in section, rule["alert"]
