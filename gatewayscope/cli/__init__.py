@@ -16,7 +16,9 @@ import sys
 from collections.abc import Sequence
 
 from gatewayscope import __version__
+from gatewayscope.cli.common import setup_logging
 from gatewayscope.errors import ConfigError, GatewayscopeError
+from gatewayscope.render import terminal_safe
 
 #: subcommand modules, in the order ``--help`` lists them
 COMMAND_MODULES = [
@@ -59,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    setup_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -68,10 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as err:
         for problem in err.problems:
-            sys.stderr.write(f"gatewayscope: {problem}\n")
+            sys.stderr.write(f"gatewayscope: {terminal_safe(problem)}\n")
         return EXIT_USAGE
     except GatewayscopeError as err:
-        sys.stderr.write(f"gatewayscope: {err}\n")
+        sys.stderr.write(f"gatewayscope: {terminal_safe(str(err))}\n")
         return EXIT_FAILED
     except KeyboardInterrupt:
         sys.stderr.write("gatewayscope: interrupted\n")

@@ -1,11 +1,13 @@
-"""Arguments every command that reads targets shares."""
+"""What every command shares: the arguments of commands that read targets, and the logging setup."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from gatewayscope.config import Config, Policy, build_config, load_config
+from gatewayscope.render import terminal_safe
 
 DEFAULT_CONFIG_ENV = "GATEWAYSCOPE_CONFIG"
 
@@ -45,3 +47,24 @@ def config_from_args(args: argparse.Namespace, *, require_targets: bool = True) 
         orphan_idle_seconds=args.orphan_idle_seconds,
         max_weight_lag=args.max_weight_lag,
     )
+
+
+class TerminalSafeLogRecord(logging.LogRecord):
+    """A log record whose message shows control and bidi characters as escapes (see ``terminal_safe``).
+
+    Log messages quote session ids, record names, request paths and gateway errors; escaping the message
+    itself means no handler (the CLI's, ``logging.basicConfig``'s, a server's) can print one raw. The
+    arguments stay as they were for handlers that read them.
+    """
+
+    def getMessage(self) -> str:
+        return terminal_safe(super().getMessage())
+
+
+def setup_logging() -> None:
+    """Make every log record of this process a :class:`TerminalSafeLogRecord` (idempotent).
+
+    Handlers, levels and formats are left alone: a command that logs configures them itself.
+    """
+    if logging.getLogRecordFactory() is logging.LogRecord:
+        logging.setLogRecordFactory(TerminalSafeLogRecord)

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from gatewayscope.cli.common import add_target_arguments, config_from_args
-from gatewayscope.render import render
+from gatewayscope.render import render, terminal_safe
 from gatewayscope.scan import scan_report, take_snapshot
 from gatewayscope.snapshot import Snapshot
 
@@ -55,5 +55,5 @@ def run_scan(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render("scan.txt.j2", report=report, show_orphans=max(0, args.show_orphans)))
         if args.save_snapshot:
-            sys.stdout.write(f"Snapshot saved to {args.save_snapshot}\n")
+            sys.stdout.write(f"Snapshot saved to {terminal_safe(args.save_snapshot)}\n")
     return 0 if all(t["up"] for t in report["targets"]) else 1

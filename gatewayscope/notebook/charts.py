@@ -14,11 +14,24 @@ from typing import Any
 import polars as pl
 
 from gatewayscope.errors import GatewayscopeError
+from gatewayscope.render import terminal_safe
 
 #: colours per record kind and per orphan confidence, the same in every chart
 KIND_COLOURS = {"standard": "#4c72b0", "custom": "#dd8452"}
 CONFIDENCE_COLOURS = {"confirmed": "#c44e52", "suspected": "#ccb974"}
 _MIB = 1024 * 1024
+
+
+def _label(text: str) -> str:
+    r"""A name from a target (or anything a gateway chose) as chart text: shown as written, never mathtext.
+
+    matplotlib reads ``$...$`` as math (a bad formula raises, a good one renders something else), so
+    every ``$`` is escaped; control and bidi characters show as escapes.
+
+    >>> _label("gw$\\frac$\n")
+    'gw\\$\\frac\\$\\n'
+    """
+    return terminal_safe(text).replace("$", r"\$")
 
 
 def _figure(width: float = 8.0, height: float = 3.2) -> Any:
@@ -67,7 +80,7 @@ def boot_memory_chart(pools: pl.DataFrame, boot: pl.DataFrame) -> bytes:
         workers_axes, memory_axes = grid[row]
         workers = frame["parked_workers"].to_list()
         workers_axes.bar(kinds, workers, color=colours)
-        workers_axes.set_title(f"{name}: parked workers by kind", fontsize=10, loc="left")
+        workers_axes.set_title(f"{_label(name)}: parked workers by kind", fontsize=10, loc="left")
         workers_axes.set_ylabel("workers")
         for index, value in enumerate(workers):
             workers_axes.annotate(f"{value:,}", (index, value), ha="center", va="bottom", fontsize=8)
@@ -81,7 +94,7 @@ def boot_memory_chart(pools: pl.DataFrame, boot: pl.DataFrame) -> bytes:
             bottoms = [bottoms[0] + values[0], bottoms[1] + values[1]]
         memory_axes.axhline(limit / _MIB, color="#c44e52", linestyle="--", linewidth=1.5,
                             label=f"limit {limit / _MIB:,.0f} MiB")
-        memory_axes.set_title(f"{name}: boot stacks vs limit", fontsize=10, loc="left")
+        memory_axes.set_title(f"{_label(name)}: boot stacks vs limit", fontsize=10, loc="left")
         memory_axes.set_ylabel("MiB")
         memory_axes.legend(fontsize=8, loc="upper left")
     return _png(figure)

@@ -31,6 +31,7 @@ from gatewayscope.notebook.controllers import (
 )
 from gatewayscope.remediate.plan import ACTION_KINDS
 from gatewayscope.remediate.review import before_after
+from gatewayscope.render import terminal_safe
 
 #: action checkboxes shown at once (the filters narrow the rest; Select shown acts on all of them)
 MAX_CHECKBOXES = 100
@@ -39,8 +40,14 @@ _SECTION_TITLES = {"targets": "Targets", "leak": "The leak", "pools": "The pools
 
 
 def _message(text: str, *, error: bool = False) -> str:
+    """``text`` (which may quote ids or a gateway's error) as an HTML line: escaped, control chars visible."""
     colour = "#a00" if error else "#333"
-    return f'<div style="color:{colour};font-family:sans-serif;font-size:13px">{html.escape(text)}</div>'
+    return f'<div style="color:{colour};font-family:sans-serif;font-size:13px">{_text(text)}</div>'
+
+
+def _text(text: str) -> str:
+    """Any text for hand-built HTML: markup escaped, control and bidi characters shown as escapes."""
+    return html.escape(terminal_safe(text))
 
 
 class _View:
@@ -288,7 +295,9 @@ class PlanReview(_View):
         box = self.checkboxes.get(action_id)
         if box is None:
             action = next(a for a in self.controller.actions if a.id == action_id)
-            label = f"{action.id} {action.kind} {action.target} {action.subject}: {before_after(action)}"
+            # a plain-text description (description_allow_html stays off): only the control chars to escape
+            label = terminal_safe(f"{action.id} {action.kind} {action.target} {action.subject}: "
+                                  f"{before_after(action)}")
             box = widgets.Checkbox(value=True, description=label, indent=False,
                                    layout=widgets.Layout(width="auto"),
                                    style={"description_width": "initial"})
@@ -328,7 +337,7 @@ class PlanReview(_View):
             self.checkbox_box.children = (*boxes, *tail)
             selected = controller.selected_plan()
             deletes = controller.deletes_selected()
-            hint = (f"To apply, type <code>{selected.id[:MIN_CONFIRMATION_CHARS]}</code> (at least "
+            hint = (f"To apply, type <code>{_text(selected.id[:MIN_CONFIRMATION_CHARS])}</code> (at least "
                     f"{MIN_CONFIRMATION_CHARS} characters of the plan id) in <i>confirm</i>")
             if deletes:
                 hint += (f"; to run its {deletes} delete(s), type <code>{deletes}</code> in <i>deletes</i> "
@@ -336,12 +345,12 @@ class PlanReview(_View):
             self.selection_summary.value = (
                 f'<div style="font-family:sans-serif;font-size:13px">{len(selected.actions)} of '
                 f"{len(controller.actions)} actions selected ({len(visible)} shown); plan id of the selection "
-                f"<code>{selected.id}</code>. {hint}.</div>")
+                f"<code>{_text(selected.id)}</code>. {hint}.</div>")
             self.diff.value = controller.diff_html()
             self.plan_view.value = controller.plan_html()
             self.outcome.value = controller.outcome_html()
             self.journal.value = controller.journal_html()
-            tally = html.escape(controller.tally_line())
+            tally = _text(controller.tally_line())
             self.tally.value = (f'<div style="font-family:monospace;font-size:14px">{tally}</div>'
                                 if controller.last_report is not None else "")
         finally:
