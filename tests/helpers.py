@@ -5,8 +5,11 @@ Import as ``from tests.helpers import wait_for`` (pytest puts the project root o
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -49,3 +52,34 @@ def start_server(name: str, make_argv: Callable[[int], list[str]], health_path: 
         return start_on_free_port(name, make_argv, health_path=health_path, timeout=timeout)
     except RuntimeError as err:
         pytest.fail(f"{name} did not start: {err}")
+
+
+# -- SQLite trace stores written by the gateway's own store class -------------------------------------------
+
+def write_store(path: Path, sessions: dict[str, int], *, start: int = 0) -> None:
+    """Write ``sessions`` (id -> traces) through the gateway's own SqliteTraceStore."""
+    rllm_sqlite = pytest.importorskip("rllm_model_gateway.store.sqlite_store", reason="needs rllm-model-gateway")
+
+    async def go() -> None:
+        store = rllm_sqlite.SqliteTraceStore(db_path=str(path))
+        for sid, count in sessions.items():
+            for i in range(start, start + count):
+                data = {"trace_id": f"{sid}/{i}", "session_id": sid, "messages": [{"role": "user", "content": "x"}],
+                        "prompt_token_ids": list(range(20)), "model": "stub", "timestamp": time.time()}
+                await store.store_trace(f"{sid}/{i}", sid, data)
+        await store.close()
+
+    asyncio.run(go())
+
+
+def age(path: Path, session_ids: list[str], seconds: float) -> None:
+    with sqlite3.connect(path) as conn:
+        for sid in session_ids:
+            conn.execute("UPDATE trace_sessions SET created_at = created_at - ? WHERE session_id = ?", (seconds, sid))
+            conn.execute("UPDATE traces SET created_at = created_at - ? WHERE trace_id IN "
+                         "(SELECT trace_id FROM trace_sessions WHERE session_id = ?)", (seconds, sid))
+
+
+def session_counts(path: Path) -> dict[str, int]:
+    with sqlite3.connect(path) as conn:
+        return dict(conn.execute("SELECT session_id, COUNT(*) FROM trace_sessions GROUP BY session_id").fetchall())

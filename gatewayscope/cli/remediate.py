@@ -16,6 +16,7 @@ from gatewayscope.remediate.apply import ActionResult, ApplyOptions, ApplyReport
 from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import ACTION_KINDS, Plan, build_plan, load_plan
 from gatewayscope.remediate.review import FORMATS, render_plan
+from gatewayscope.render import terminal_safe
 from gatewayscope.scan import take_snapshot
 
 
@@ -87,9 +88,9 @@ def run_plan(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     tombstone_ids = read_ids_file(args.tombstone_ids) if args.tombstone_ids else []
-    deleted: set[str] = set()
+    deleted: dict[str, str] = {}  # id -> the journal that recorded its delete (apply re-checks it there)
     for path in args.deleted_from:
-        deleted.update(deleted_session_ids(Journal(path)))
+        deleted.update(dict.fromkeys(deleted_session_ids(Journal(path)), str(Path(path).resolve())))
     snapshot = take_snapshot(config)
     plan = build_plan(snapshot, config, only=args.only or (), include_suspected=args.include_suspected,
                       include_deletes=args.include_deletes, tombstone_ids=tombstone_ids, deleted_ids=deleted)
@@ -137,8 +138,9 @@ def config_for_plan(plan: Plan, config_path: str | None) -> Config:
 
 
 def _print_result(result: ActionResult) -> None:
-    sys.stdout.write(f"  {result.action_id} {result.kind} {result.target} {result.subject}: "
-                     f"{result.outcome}{' - ' + result.detail if result.detail else ''}\n")
+    # subjects and details come from gateways (session ids, record names, error sentences): escaped
+    sys.stdout.write(terminal_safe(f"  {result.action_id} {result.kind} {result.target} {result.subject}: "
+                                   f"{result.outcome}{' - ' + result.detail if result.detail else ''}") + "\n")
 
 
 def run_apply(args: argparse.Namespace) -> int:
@@ -179,15 +181,21 @@ def _print_report(report: ApplyReport, plan: Plan, args: argparse.Namespace, jou
                 _print_result(result)
         deletes = sum(1 for a in plan.actions if a.destructive)
         also = f" (and --allow-delete for the {deletes} deletes)" if deletes else ""
+        if not report.results:
+            sys.stdout.write("Dry run: the plan has no actions; there is nothing to apply.\n")
+            return 0
         sys.stdout.write("Dry run, nothing was sent: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                          + f".\nRun again with --yes to apply{also}.\n")
-        return 0
+        if report.exit_code:
+            sys.stdout.write("No action could be checked against its gateway (see above); an apply now would "
+                             "write nothing.\n")
+        return report.exit_code
     for result in report.results:
         if result.outcome not in ("done", "already-done"):
             _print_result(result)
     if report.skipped:
         sys.stdout.write(f"{len(report.skipped)} action(s) not run (see above); they stay open in the journal.\n")
     if report.stopped_early:
-        sys.stdout.write(f"{report.stopped_early}.\n")
+        sys.stdout.write(terminal_safe(f"{report.stopped_early}.") + "\n")
     sys.stdout.write(f"Journal: {journal_path}\n{report.tally_line()}\n")
     return report.exit_code

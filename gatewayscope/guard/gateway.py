@@ -264,6 +264,29 @@ def parse_session_ids(raw: bytes) -> list[str]:
     return ids
 
 
+def parse_conditional_delete(raw: bytes) -> tuple[str, list[str], bool]:
+    """``(session_id, trace_ids, tombstoned)`` of a ``POST /guard/sessions/delete-if`` body, or ValueError.
+
+    >>> parse_conditional_delete(b'{"session_id": "a:0", "trace_ids": ["t1"], "tombstoned": false}')
+    ('a:0', ['t1'], False)
+    """
+    shape = '{"session_id": "<id>", "trace_ids": ["<trace id>", ...], "tombstoned": true|false}'
+    try:
+        body = json.loads(raw) if raw else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"the body must be JSON of the shape {shape}") from None
+    if not isinstance(body, dict):
+        raise ValueError(f"the body must be a JSON object of the shape {shape}")
+    session_id, trace_ids, tombstoned = body.get("session_id"), body.get("trace_ids"), body.get("tombstoned")
+    if not isinstance(session_id, str) or not session_id:
+        raise ValueError("session_id must be a non-empty string")
+    if not isinstance(trace_ids, list) or not all(isinstance(t, str) for t in trace_ids):
+        raise ValueError("trace_ids must be a list of trace id strings")
+    if not isinstance(tombstoned, bool):
+        raise ValueError("tombstoned must be true or false")
+    return session_id, trace_ids, tombstoned
+
+
 def add_guard_routes(app: Any, guard: GuardedTraceStore) -> None:
     """Add ``/guard/...`` and ``/metrics`` to a (gateway) Starlette/FastAPI app.
 
@@ -302,6 +325,19 @@ def add_guard_routes(app: Any, guard: GuardedTraceStore) -> None:
     async def lift(request: Request) -> Response:
         return JSONResponse({"lifted": guard.lift(request.path_params["session_id"])})
 
+    async def delete_if(request: Request) -> Response:
+        try:
+            session_id, trace_ids, tombstoned = parse_conditional_delete(await request.body())
+        except ValueError as err:
+            return error(400, str(err))
+        if not guard.enabled:
+            return error(409, "The tombstone guard is disabled (--max-tombstones 0): no conditional delete.")
+        deleted, live, live_tombstoned = await guard.delete_session_if(session_id, trace_ids, tombstoned)
+        if deleted is None:
+            return JSONResponse({"error": "the session does not match: not deleted", "trace_ids": live,
+                                 "tombstoned": live_tombstoned}, status_code=409)
+        return JSONResponse({"deleted": deleted, "trace_ids": live, "tombstoned": live_tombstoned})
+
     async def metrics(request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         return StarletteResponse(encoder(registry), media_type=content_type)
@@ -310,6 +346,7 @@ def add_guard_routes(app: Any, guard: GuardedTraceStore) -> None:
     app.add_route("/guard/tombstones", add, methods=["POST"])
     app.add_route("/guard/tombstones/check", check, methods=["POST"])
     app.add_route("/guard/tombstones/{session_id:path}", lift, methods=["DELETE"])
+    app.add_route("/guard/sessions/delete-if", delete_if, methods=["POST"])
     app.add_route("/metrics", metrics, methods=["GET"])
 
 

@@ -166,6 +166,8 @@ class GuardedTraceStore:
         self._inflight: dict[str, int] = {}
         # deletes waiting for those writes to land before they delete
         self._drained: dict[str, asyncio.Event] = {}
+        # sessions under a compare-and-delete: their writes wait until it has decided
+        self._gates: dict[str, asyncio.Event] = {}
 
     # -- the guard's own API ----------------------------------------------------------------------
 
@@ -236,6 +238,11 @@ class GuardedTraceStore:
 
     async def store_trace(self, trace_id: str, session_id: str, data: dict[str, Any]) -> None:
         """Store a trace, unless its session was deleted: then drop it and count it."""
+        if self._gates:
+            gate = self._gates.get(session_id)
+            while gate is not None:  # bounded: a compare-and-delete holds its gate for one read and one delete
+                await gate.wait()
+                gate = self._gates.get(session_id)
         if not self.enabled:
             await self.inner.store_trace(trace_id, session_id, data)
             return
@@ -273,6 +280,38 @@ class GuardedTraceStore:
                 waiter = self._drained[session_id] = asyncio.Event()
             await waiter.wait()
         return await self.inner.delete_session(session_id)
+
+    async def delete_session_if(self, session_id: str, trace_ids: Iterable[str],
+                                tombstoned: bool) -> tuple[int | None, list[str], bool]:
+        """Delete ``session_id`` only while its traces are exactly ``trace_ids`` and its tombstone state is
+        ``tombstoned``: nothing can land between the check and the delete.
+
+        New writes for the session wait at a gate, writes already admitted are let land first, then the
+        session is read and, when it matches, deleted (with its tombstone, as any delete). Returns
+        ``(deleted, live_trace_ids, live_tombstoned)``; ``deleted`` is None when it did not match and
+        nothing was deleted (the waiting writes then go on as if nothing happened).
+        """
+        if not self.enabled:
+            raise RuntimeError("the guard is disabled (--max-tombstones 0)")
+        while session_id in self._gates:  # bounded: each gate is held for one read and one delete
+            await self._gates[session_id].wait()
+        gate = self._gates[session_id] = asyncio.Event()
+        try:
+            if session_id in self._inflight:
+                waiter = self._drained.get(session_id)
+                if waiter is None:
+                    waiter = self._drained[session_id] = asyncio.Event()
+                await waiter.wait()
+            traces = await self.inner.get_session_traces(session_id)
+            live = sorted(str(t.get("trace_id")) for t in traces if isinstance(t, dict))
+            live_tombstoned = session_id in self._tombstones
+            if live != sorted(trace_ids) or live_tombstoned != tombstoned or not live:
+                return None, live, live_tombstoned
+            # no await between the check above and the tombstone delete_session records first
+            return await self.delete_session(session_id), live, live_tombstoned
+        finally:
+            del self._gates[session_id]
+            gate.set()
 
     async def get_trace(self, trace_id: str) -> dict[str, Any] | None:
         """Delegated to the inner store."""

@@ -52,7 +52,7 @@ from typing import Any
 
 from gatewayscope.errors import ConfigError, StoreError
 from gatewayscope.snapshot import GuardStats
-from gatewayscope.sources.rllm_sqlite import retry_while_locked
+from gatewayscope.sources.rllm_sqlite import WriterProbe, open_read_only, retry_while_locked
 
 #: version of the tables and triggers below; install refuses a file installed by a newer gatewayscope
 SCHEMA_VERSION = 1
@@ -425,13 +425,57 @@ def _validate_capacity(capacity: int | None) -> None:
 
 # -- install / uninstall ---------------------------------------------------------------------------
 
+#: VM steps between two looks at the writer probe during the integrity check
+_CHECK_STEPS = 20_000
+
+
+def check_integrity(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
+    """Raise StoreError unless ``PRAGMA quick_check`` finds the file sound: nothing is written into a damaged one.
+
+    The check is a read. On a DELETE-journal store a reader holds up the gateway's commits, so the check
+    stops whenever the gateway's writer is seen waiting and starts again after that commit; when it cannot
+    finish within ``busy_timeout`` seconds of such restarts it gives up with a StoreError saying so.
+    """
+    name = str(path)
+    before = WriterProbe.open_descriptors()
+    conn = open_read_only(name, busy_timeout=busy_timeout)
+    try:
+        retry_while_locked(lambda: conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall(), busy_timeout)
+        probe = WriterProbe.for_new_descriptor(str(Path(name).resolve()), before)
+        conn.set_progress_handler(lambda: 1 if probe.writer_waiting() else 0, _CHECK_STEPS)
+        deadline = time.monotonic() + busy_timeout
+        while True:  # bounded by the deadline
+            try:
+                rows = retry_while_locked(lambda: conn.execute("PRAGMA quick_check(10)").fetchall(), busy_timeout)
+                break
+            except sqlite3.OperationalError as err:
+                if "interrupt" not in str(err):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise StoreError(f"{name}: the integrity check could not finish while the gateway kept writing "
+                                     f"(it gave way to the gateway's commits for {busy_timeout:g} s); nothing was "
+                                     "written. Try again when the gateway is quieter, or with a longer "
+                                     "--busy-timeout.") from None
+                time.sleep(0.05)  # the waiting commit goes through
+    except sqlite3.DatabaseError as err:
+        problems = [str(err)]
+    else:
+        problems = [str(row[0]) for row in rows if row and row[0] != "ok"]
+    finally:
+        conn.close()
+    if problems:
+        raise StoreError(f"{name} is damaged (PRAGMA quick_check: {problems[0]}); nothing was written into it. "
+                         "Restore it from a backup or recover it with sqlite3's .recover, then install again.")
+
+
 
 def install(path: str | Path, *, capacity: int | None = None,
             busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> InstallResult:
     """Install the tombstone guard into the gateway's SQLite file at ``path``.
 
     Idempotent: when the guard is already there with every object intact and the same capacity, nothing
-    is written and ``InstallResult.changed`` is False. Missing or altered guard objects are recreated
+    is written and ``InstallResult.changed`` is False. A file that fails ``PRAGMA quick_check`` is refused
+    before anything is written (:func:`check_integrity`). Missing or altered guard objects are recreated
     (repair); existing tombstones and counters are kept. ``capacity`` is the FIFO cap of the tombstone
     table (0 = unlimited); ``None`` keeps the installed capacity, or uses 1,000,000 on a first install.
     Lowering it evicts the oldest tombstones now (counted as evictions).
@@ -443,6 +487,8 @@ def install(path: str | Path, *, capacity: int | None = None,
     """
     _validate_capacity(capacity)
     name = str(path)
+    if Path(path).expanduser().is_file():
+        check_integrity(path, busy_timeout=busy_timeout)
     with (_connection(path, readonly=False, busy_timeout=busy_timeout) as conn,
           _write_transaction(conn, busy_timeout) as txn):
         _check_trace_store(conn, name)

@@ -805,7 +805,8 @@ class PlanController:
             callback(replace(self.progress))
         try:
             report = apply_plan(plan, self.scan.config, options=options, journal=journal,
-                                transports=self.scan.transports, on_result=self._progress_callback(on_result))
+                                transports=self.scan.transports, on_result=self._progress_callback(on_result),
+                                deleted_ids=self.scan.deleted_ids)
         finally:
             self.progress.running = False
         if report.already_applied:

@@ -24,9 +24,9 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -40,17 +40,19 @@ from gatewayscope.errors import (
     NotFoundError,
     PlanError,
     SourceError,
+    StoreError,
     UnreachableError,
 )
-from gatewayscope.remediate.journal import FINAL_OUTCOMES, Journal
+from gatewayscope.remediate.journal import FINAL_OUTCOMES, Journal, apply_lock
 from gatewayscope.remediate.plan import (
     ACTION_KINDS,
     DELETE_DUTY,
     Action,
     Plan,
     posture_fingerprint,
-    session_fingerprint,
 )
+from gatewayscope.remediate.sqlite_delete import TRANSACTION_SESSIONS, SessionDeleter, SessionState
+from gatewayscope.render import human_seconds
 
 OUTCOMES = FINAL_OUTCOMES
 SUCCESS_OUTCOMES = frozenset({"done", "already-done"})
@@ -114,8 +116,10 @@ class ApplyReport:
 
     @property
     def exit_code(self) -> int:
+        """0 when every action is done or already done (a dry run: when anything could be checked), else 1."""
         if self.dry_run:
-            return 0
+            checked = [r for r in self.results if r.outcome != "unconfirmed"]
+            return 1 if self.results and not checked else 0
         everything = [*self.previous, *self.results]
         return 0 if all(r.outcome in SUCCESS_OUTCOMES for r in everything) else 1
 
@@ -175,7 +179,8 @@ class _Context:
     """What the executors share: the journal, the options, the clients, the rate limiter."""
 
     def __init__(self, plan: Plan, config: Config, options: ApplyOptions, journal: Journal | None,
-                 transports: dict[str, Any]) -> None:
+                 transports: dict[str, Any], deleted_ids: frozenset[str] = frozenset()) -> None:
+        self.deleted_ids = deleted_ids
         self.plan = plan
         self.config = config
         self.options = options
@@ -188,6 +193,72 @@ class _Context:
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.stack = ExitStack()
+        #: targets whose guarded launcher has no compare-and-delete route (an older gatewayscope)
+        self.no_conditional_delete: set[str] = set()
+        self._weight_versions: dict[str, int | None] = {}
+        self._deleted: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        self._capabilities = {entry.get("name"): dict(entry.get("capabilities") or {}) for entry in plan.targets}
+
+    def capability(self, target: str, name: str) -> bool:
+        """Whether the plan found ``target`` to have ``name`` (``guard``, ``batch_delete``, ``weight_version``)."""
+        return bool(self._capabilities.get(target, {}).get(name))
+
+    def idle_threshold(self) -> float:
+        """The idle threshold a suspected orphan must be past: the config's, or the plan's when longer."""
+        planned = self.plan.policy.get("orphan_idle_seconds")
+        threshold = float(self.config.policy.orphan_idle_seconds)
+        if isinstance(planned, (int, float)) and not isinstance(planned, bool):
+            threshold = max(threshold, float(planned))
+        return threshold
+
+    def current_weight_version(self, target: str) -> int | None:
+        """The gateway's current weight version (asked once per apply), or None where it has none."""
+        with self._lock:
+            if target in self._weight_versions:
+                return self._weight_versions[target]
+        version: int | None = None
+        if self.capability(target, "weight_version") and not self.target(target).path:
+            try:
+                body = self.rllm(target).request("GET", "/admin/weight_version")
+            except GatewayscopeError as err:
+                raise _Settled("unconfirmed", f"nothing sent: the gateway's weight version could not be read "
+                                              f"({err})") from None
+            value = body.get("weight_version") if isinstance(body, dict) else None
+            version = value if isinstance(value, int) and not isinstance(value, bool) else None
+        with self._lock:
+            self._weight_versions[target] = version
+        return version
+
+    def deleted_before(self, action: Action, journal_path: str) -> bool:
+        """Whether the caller vouched for this session's earlier delete, or the journal at ``journal_path``
+        records a done delete of it on this target."""
+        if action.subject in self.deleted_ids:
+            return True
+        key = (journal_path, action.target)
+        with self._lock:
+            known = self._deleted.get(key)
+        if known is None:
+            try:
+                events = Journal(journal_path).read() if journal_path else []
+            except GatewayscopeError:
+                events = []
+            known = {(str(e.get("target")), str(e.get("subject"))) for e in events
+                     if e.get("event") == "outcome" and e.get("kind") == "session_delete"
+                     and e.get("outcome") == "done"}
+            with self._lock:
+                self._deleted[key] = known
+        return (action.target, action.subject) in known
+
+    def pace(self, action: Action) -> None:
+        """Wait for the rate limiter that paces ``action``'s kind."""
+        (self.delete_limiter if action.kind == "session_delete" else self.limiter).wait()
+
+    def journal_attempts(self, attempts: Sequence[tuple[Action, int, str]]) -> None:
+        """Record write attempts (action, send number, what) before they are made, with one fsync."""
+        if self.journal is not None and attempts:
+            self.journal.append_many([("attempt", {
+                "plan_id": self.plan.id, "action_id": a.id, "kind": a.kind, "target": a.target,
+                "subject": a.subject, "send": send, "what": what}) for a, send, what in attempts])
 
     def target(self, name: str) -> Target:
         try:
@@ -227,10 +298,8 @@ class _Context:
         return pacer.turn()
 
     def attempt(self, action: Action, send: int, what: str) -> None:
-        (self.delete_limiter if action.kind == "session_delete" else self.limiter).wait()
-        if self.journal is not None:
-            self.journal.append("attempt", plan_id=self.plan.id, action_id=action.id, kind=action.kind,
-                                target=action.target, subject=action.subject, send=send, what=what)
+        self.pace(action)
+        self.journal_attempts([(action, send, what)])
 
 
 class _Settled(Exception):
@@ -454,72 +523,152 @@ def _backfill(ctx: _Context, action: Action, result: ActionResult) -> None:
     raise _Settled("done" if outcome.new else "already-done", outcome.message)
 
 
-def _session_traces_http(ctx: _Context, action: Action) -> list[str]:
+# -- rLLM sessions: every delete re-establishes its orphan rule from the live store, right before it
+
+def _recheck(ctx: _Context, action: Action, state: SessionState) -> _Settled | None:
+    """None while the live session is still the orphan ``action`` was planned for; otherwise the outcome.
+
+    Whatever the plan file says, a session is deleted only when the live store shows it is the session
+    planned against (same trace count, same trace ids where the plan read them, no newer trace) AND it
+    is an orphan by one of the rules: it carries a tombstone; its earlier delete is recorded in the
+    journal the plan names; or it has exactly one trace, idle past the idle threshold (the config's, or
+    the plan's when that is longer) and not at a weight version within the allowed lag of the gateway's
+    current one.
+    """
+    if not state.trace_ids:
+        return _Settled("already-done", "the session is gone")
+    count = len(state.trace_ids)
+    planned = action.before.get("trace_count")
+    if count != planned:
+        return _Settled("stale", f"the session now has {count} trace(s), not the {planned} it was planned with: "
+                                 "it may be live; not deleted")
+    planned_ids = action.details.get("trace_ids")
+    if planned_ids is not None and sorted(planned_ids) != list(state.trace_ids):
+        return _Settled("stale", "its traces are not the ones it was planned with: it may be live; not deleted")
+    planned_last = action.details.get("last_trace_at")
+    if planned_last is not None and state.last_trace_at is not None and state.last_trace_at > planned_last + 1e-3:
+        return _Settled("stale", "it has a newer trace than when it was planned: it may be live; not deleted")
+    if state.tombstoned:
+        return None
+    evidence = action.details.get("deleted_before")
+    journal = str(evidence.get("journal", "")) if isinstance(evidence, dict) else ""
+    if ctx.deleted_before(action, journal):
+        return None
+    why = "no tombstone and no recorded earlier delete"
+    if count != 1:
+        return _Settled("stale", f"not an orphan by the live store: {count} traces, {why}; not deleted")
+    if state.last_trace_at is None:
+        return _Settled("stale", f"not an orphan by the live store: its trace has no time, {why}; not deleted")
+    idle = time.time() - state.last_trace_at
+    threshold = ctx.idle_threshold()
+    if idle <= threshold:
+        return _Settled("stale", f"not an orphan by the live store: its trace is {human_seconds(idle)} old, not past "
+                                 f"the {human_seconds(threshold)} idle threshold, {why}: it may be live; not deleted")
+    current = ctx.current_weight_version(action.target)
+    lag = ctx.config.policy.max_weight_lag
+    if current is not None and state.weight_version is not None and current - state.weight_version <= lag:
+        return _Settled("stale", f"its trace is at weight version {state.weight_version}, within {lag} of the "
+                                 f"gateway's current {current}: it may be live; not deleted")
+    return None
+
+
+def _after_send(verdict: _Settled, sends: int) -> _Settled:
+    """A session found gone after one of our sends was deleted by it (or meanwhile): ``done``."""
+    if verdict.outcome == "already-done" and sends > 1:
+        return _Settled("done", verdict.detail)
+    return verdict
+
+
+def _session_state_http(ctx: _Context, action: Action) -> SessionState:
+    """The session as the gateway holds it now: its traces and, on a guarded launcher, its tombstone."""
     from gatewayscope.sources.rllm_http import session_path
 
-    body = ctx.rllm(action.target).request("GET", f"{session_path(action.subject)}/traces")
+    client = ctx.rllm(action.target)
+    try:
+        body = client.request("GET", f"{session_path(action.subject)}/traces")
+    except NotFoundError:
+        body = []
     if not isinstance(body, list):
-        raise _Settled("unconfirmed", "the session's traces could not be read back")
-    return [str(t.get("trace_id")) for t in body if isinstance(t, dict)]
+        raise _Settled("unconfirmed", "the session's traces could not be read (not a list)")
+    ids: list[str] = []
+    times: list[float] = []
+    versions: list[int] = []
+    for trace in body:
+        if not isinstance(trace, dict):
+            continue
+        ids.append(str(trace.get("trace_id")))
+        stamp = trace.get("timestamp")
+        if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
+            times.append(float(stamp))
+        metadata = trace.get("metadata")
+        version = trace.get("weight_version", metadata.get("weight_version") if isinstance(metadata, dict) else None)
+        if isinstance(version, int) and not isinstance(version, bool):
+            versions.append(version)
+    tombstoned: bool | None = None
+    if ctx.capability(action.target, "guard"):
+        check = client.request("POST", "/guard/tombstones/check", json_body={"session_ids": [action.subject]})
+        listed = check.get("tombstoned") if isinstance(check, dict) else None
+        if not isinstance(listed, list):
+            raise _Settled("unconfirmed", "POST /guard/tombstones/check did not return {\"tombstoned\": [...]}")
+        tombstoned = action.subject in listed
+    return SessionState(trace_ids=tuple(sorted(ids)), last_trace_at=max(times) if times else None,
+                        weight_version=max(versions) if versions else None, tombstoned=tombstoned)
 
 
-def _session_traces_sqlite(path: str, session_id: str, timeout: float) -> list[str]:
-    from gatewayscope.sources.rllm_sqlite import open_read_only
-
-    conn = open_read_only(path, busy_timeout=timeout)
-    try:
-        return [row[0] for row in conn.execute("SELECT trace_id FROM trace_sessions WHERE session_id = ?",
-                                               (session_id,))]
-    finally:
-        conn.close()
+#: the guarded launcher's compare-and-delete: deletes only while the session's traces and tombstone are as given
+CONDITIONAL_DELETE_PATH = "/guard/sessions/delete-if"
 
 
-def delete_session_rows(path: str, session_id: str, *, timeout: float = 10.0) -> int:
-    """The gateway's own delete, on its SQLite file, in one short write transaction.
+def _delete_http(ctx: _Context, action: Action, state: SessionState) -> int:
+    """Delete one session through the gateway: the guarded launcher's compare-and-delete where it has one
+    (nothing can land between the check and the delete), else ``DELETE /sessions/{id}`` right after the read."""
+    from gatewayscope.sources.rllm_http import session_path
 
-    Same statements as ``SqliteTraceStore.delete_session``: the session's junction rows, then its traces
-    no other session shares. Returns the number of traces deleted. (With the guard installed, the junction
-    delete records the tombstone.)
-    """
-    conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
-    try:
-        conn.execute("PRAGMA foreign_keys = ON")
-        conn.execute("BEGIN IMMEDIATE")
-        unique = [row[0] for row in conn.execute(
-            "SELECT ts1.trace_id FROM trace_sessions ts1 WHERE ts1.session_id = ? AND NOT EXISTS ("
-            "SELECT 1 FROM trace_sessions ts2 WHERE ts2.trace_id = ts1.trace_id AND ts2.session_id != ?)",
-            (session_id, session_id))]
-        conn.execute("DELETE FROM trace_sessions WHERE session_id = ?", (session_id,))
-        for start in range(0, len(unique), 500):
-            chunk = unique[start:start + 500]
-            conn.execute(f"DELETE FROM traces WHERE trace_id IN ({','.join('?' * len(chunk))})", chunk)
-        conn.execute("COMMIT")
-        return len(unique)
-    except sqlite3.Error as err:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise SourceError(f"{path}: deleting session {session_id!r} failed: {err}") from None
-    finally:
-        conn.close()
+    client = ctx.rllm(action.target)
+    if ctx.capability(action.target, "guard") and action.target not in ctx.no_conditional_delete:
+        try:
+            body = client.request("POST", CONDITIONAL_DELETE_PATH, json_body={
+                "session_id": action.subject, "trace_ids": list(state.trace_ids),
+                "tombstoned": bool(state.tombstoned)})
+        except HTTPStatusError as err:
+            if err.status == 409:
+                raise _Settled("stale", f"it changed while it was being deleted ({err.message}); not deleted") from None
+            if err.status not in (404, 405):
+                raise
+            ctx.no_conditional_delete.add(action.target)  # an older launcher: the plain delete
+        else:
+            return int(body.get("deleted", 0)) if isinstance(body, dict) else 0
+    body = client.request("DELETE", session_path(action.subject))
+    return int(body.get("deleted", 0)) if isinstance(body, dict) else 0
 
 
-def _check_session(ctx: _Context, action: Action, sends: int) -> list[str]:
-    """Re-read a session before (or after) deleting it: gone settles it; before any send, a session whose
-    traces are not the ones planned against is ``stale`` (it may be live). Returns its trace ids."""
-    target = ctx.target(action.target)
-    if target.path:
-        ids = _session_traces_sqlite(target.path, action.subject, target.timeout_seconds)
-    else:
-        ids = _session_traces_http(ctx, action)
-    if not ids:
-        raise _Settled("already-done" if sends == 0 else "done", "the session is gone")
-    # compare the trace ids only when the plan read them (a plan may know just the count)
-    planned_ids = ids if action.details.get("trace_ids") is not None else None
-    if sends == 0 and session_fingerprint(len(ids), planned_ids) != action.fingerprint:
-        planned = action.before.get("trace_count")
-        raise _Settled("stale", f"the session now has {len(ids)} trace(s), not the {planned} it was planned "
-                                "with: it may be live; not deleted")
-    return ids
+def _session_delete(ctx: _Context, action: Action, result: ActionResult) -> None:
+    """One session delete through the gateway's REST API (a SQLite file goes through _session_deletes_sqlite)."""
+    verdict = _recheck(ctx, action, _session_state_http(ctx, action))
+    if verdict is not None:
+        raise verdict
+    if not ctx.options.yes:
+        raise _Settled("would-write", "DELETE session")
+
+    def send() -> str:
+        with ctx.delete_turn(action.target):
+            # after the pacer's wait: the check and the delete are as close together as the API allows
+            state = _session_state_http(ctx, action)
+            verdict = _recheck(ctx, action, state)
+            if verdict is not None:
+                raise _after_send(verdict, result.sends)
+            deleted = _delete_http(ctx, action, state)
+        return f"deleted ({deleted} trace(s))"
+
+    def reread() -> None:
+        if not _session_state_http(ctx, action).trace_ids:
+            raise _Settled("done", "the session is gone")
+
+    def read_back(err: Exception) -> None:
+        reread()
+        raise _Settled("unconfirmed", f"{err}; the session is still there")
+
+    _send_under_protocol(ctx, action, result, what="DELETE session", send=send, reread=reread, read_back=read_back)
 
 
 #: session ids per POST /sessions/batch_delete (gateways that have it)
@@ -529,97 +678,152 @@ DELETE_BATCH = 50
 def _session_delete_batch(ctx: _Context, actions: list[Action]) -> list[ActionResult]:
     """Session deletes through ``POST /sessions/batch_delete``, under the same protocol as one delete.
 
-    Every session is re-read first (gone / stale settle it alone); the rest go in one call. After a 5xx
-    the batch waits the schedule, re-reads each session (gone ones are done) and sends the rest again;
-    after no answer each is read back and nothing is sent again.
+    Each session is re-read and re-checked inside the pacer's turn, right before the batch is sent;
+    those no longer orphans settle alone. After a 5xx the batch waits the schedule and goes round again
+    (re-read, re-check, send the rest); after no answer each is read back and nothing is sent again.
     """
-    from gatewayscope.sources.rllm_http import RllmClient
-
     results = {a.id: ActionResult(a.id, a.kind, a.target, a.subject, outcome="unconfirmed") for a in actions}
 
-    def settle(action: Action, outcome: str, detail: str) -> None:
-        results[action.id].outcome, results[action.id].detail = outcome, detail
+    def settle(action: Action, settled: _Settled, *, sent: bool = False) -> None:
+        """``sent``: the read came after this round's send (a session gone now was deleted by it)."""
+        settled = _after_send(settled, results[action.id].sends + (1 if sent else 0))
+        results[action.id].outcome, results[action.id].detail = settled.outcome, settled.detail
 
-    def still_there(batch: list[Action], err: Exception | None) -> list[Action]:
+    def still_orphans(batch: list[Action], err: Exception | None) -> list[tuple[Action, SessionState]]:
+        """Re-read and re-check each session; ``err``: the send this read follows failed with it."""
         remaining = []
         for action in batch:
             try:
-                _check_session(ctx, action, results[action.id].sends)
-                remaining.append(action)
+                state = _session_state_http(ctx, action)
+                verdict = _recheck(ctx, action, state)
             except _Settled as settled:
-                settle(action, settled.outcome, settled.detail)
+                verdict = settled
             except GatewayscopeError as read_err:
-                settle(action, "unconfirmed", f"{err or 'read'}; read-back failed: {read_err}")
+                verdict = _Settled("unconfirmed", f"{err or 'read'}; read-back failed: {read_err}")
+            if verdict is None:
+                remaining.append((action, state))
+            else:
+                settle(action, verdict, sent=err is not None)
         return remaining
 
-    live = still_there(actions, None)
+    live = [a for a, _ in still_orphans(actions, None)]
     if not ctx.options.yes:
         for action in live:
-            settle(action, "would-write", "DELETE session (batch)")
+            settle(action, _Settled("would-write", "DELETE session (batch)"))
         return [results[a.id] for a in actions]
-    client: RllmClient = ctx.rllm(actions[0].target)
+    client = ctx.rllm(actions[0].target)
     schedule = list(ctx.options.retry_schedule)
     while live:
         for action in live:
             results[action.id].sends += 1
-            ctx.attempt(action, results[action.id].sends, f"POST /sessions/batch_delete ({len(live)} ids)")
+            ctx.pace(action)
+        ctx.journal_attempts([(a, results[a.id].sends, "POST /sessions/batch_delete") for a in live])
         try:
             with ctx.delete_turn(actions[0].target):
+                live = [a for a, _ in still_orphans(live, None)]
+                if not live:
+                    break
                 body = client.request("POST", "/sessions/batch_delete",
                                       json_body={"session_ids": [a.subject for a in live]})
         except (GatewayTimeoutError, UnreachableError) as err:
-            for action in still_there(live, err):
-                settle(action, "unconfirmed", f"{err}; the session is still there")
+            for action, _ in still_orphans(live, err):
+                settle(action, _Settled("unconfirmed", f"{err}; the session is still there"))
             break
         except HTTPStatusError as err:
             if err.status < 500:
                 for action in live:
-                    settle(action, "refused", f"{err.message} ({err.status})")
+                    settle(action, _Settled("refused", f"{err.message} ({err.status})"))
                 break
             if not schedule:
-                for action in still_there(live, err):
-                    settle(action, "unconfirmed", str(err))
+                for action, _ in still_orphans(live, err):
+                    settle(action, _Settled("unconfirmed", str(err)))
                 break
             ctx.options.sleep(schedule.pop(0))
-            live = still_there(live, err)
             continue
         deleted = body.get("deleted") if isinstance(body, dict) else None
         for action in live:
-            settle(action, "done", f"deleted in a batch of {len(live)} ({deleted} trace(s) in all)")
+            settle(action, _Settled("done", f"deleted in a batch of {len(live)} ({deleted} trace(s) in all)"))
         break
     return [results[a.id] for a in actions]
 
 
-def _session_delete(ctx: _Context, action: Action, result: ActionResult) -> None:
-    from gatewayscope.sources.rllm_http import session_path
+def _session_deletes_sqlite(ctx: _Context, actions: list[Action], *, on_settled: Callable[[ActionResult], None],
+                            stop_reason: Callable[[], str | None]) -> list[ActionResult]:
+    """The session deletes of one SQLite store, one target's worth, in short exclusive transactions.
 
-    target = ctx.target(action.target)
+    Each session is re-read and re-checked inside the transaction that deletes it (see
+    :mod:`gatewayscope.remediate.sqlite_delete` for how the lock is taken without costing the gateway a
+    write). ``on_settled`` gets each result as it settles (journal, progress); when the lock stays out of
+    reach, the rest end ``unconfirmed`` and nothing more is tried on this store.
+    """
+    target = ctx.target(actions[0].target)
+    assert target.path
+    results: list[ActionResult] = []
 
-    def fresh() -> list[str]:
-        return _check_session(ctx, action, result.sends)
+    def settle(action: Action, outcome: str, detail: str, sends: int) -> None:
+        result = ActionResult(action.id, action.kind, action.target, action.subject, outcome, detail, sends)
+        results.append(result)
+        on_settled(result)
 
-    fresh()
-    if not ctx.options.yes:
-        raise _Settled("would-write", "DELETE session")
+    def decide(action: Action, state: SessionState) -> _Settled | None:
+        return _recheck(ctx, action, state)
 
-    def send() -> str:
-        if target.path:
+    try:
+        deleter = SessionDeleter(target.path, busy_timeout=target.timeout_seconds, readonly=not ctx.options.yes)
+        deleter.__enter__()
+    except StoreError as err:
+        for action in actions:
+            settle(action, "unconfirmed", f"nothing sent: {err}", 0)
+        return results
+    try:
+        if not ctx.options.yes:
+            for action in actions:
+                try:
+                    verdict = decide(action, deleter.read_state(action.subject))
+                except sqlite3.Error as err:
+                    verdict = _Settled("unconfirmed", f"nothing sent: {target.path}: {err}")
+                verdict = verdict or _Settled("would-write", "DELETE session")
+                settle(action, verdict.outcome, verdict.detail, 0)
+            return results
+        pending = list(actions)
+        sends: dict[str, int] = {}
+        while pending:  # each pass settles at least one action
+            reason = stop_reason()
+            if reason:
+                for action in pending:
+                    settle(action, "skipped", reason, sends.get(action.id, 0))
+                break
+            chunk = pending[:TRANSACTION_SESSIONS]
+            for action in chunk:
+                sends[action.id] = sends.get(action.id, 0) + 1
+                ctx.pace(action)
+            ctx.journal_attempts([(a, sends[a.id], "DELETE session (SQLite)") for a in chunk])
             try:
-                with ctx.delete_turn(action.target):
-                    deleted = delete_session_rows(target.path, action.subject, timeout=target.timeout_seconds)
-            except SourceError as err:
-                raise _Settled("unconfirmed", str(err)) from None
-        else:
-            with ctx.delete_turn(action.target):
-                body = ctx.rllm(action.target).request("DELETE", session_path(action.subject))
-            deleted = int(body.get("deleted", 0)) if isinstance(body, dict) else 0
-        return f"deleted ({deleted} trace(s))"
-
-    def read_back(err: Exception) -> None:
-        fresh()
-        raise _Settled("unconfirmed", f"{err}; the session is still there")
-
-    _send_under_protocol(ctx, action, result, what="DELETE session", send=send, reread=fresh, read_back=read_back)
+                with ctx.delete_turn(target.name):
+                    decisions = deleter.transaction(chunk, lambda a: a.subject, decide)
+            except TimeoutError:
+                for action in pending:
+                    settle(action, "unconfirmed", f"nothing sent: the gateway kept {target.path} locked for "
+                                                  f"{target.timeout_seconds:g} s; deletes on it stopped so that its "
+                                                  "writes go first (apply again later; the journal resumes)",
+                           sends.get(action.id, 0))
+                break
+            except StoreError as err:
+                for action in pending:
+                    settle(action, "unconfirmed", str(err), sends.get(action.id, 0))
+                break
+            for decision in decisions:
+                action = decision.item
+                if decision.deleted is not None:
+                    settle(action, "done", f"deleted ({decision.deleted} trace(s))", sends[action.id])
+                else:
+                    verdict = _after_send(decision.verdict, sends[action.id])  # type: ignore[arg-type]
+                    settle(action, verdict.outcome, verdict.detail, sends[action.id])
+            pending = pending[len(decisions):]
+            ctx.options.sleep(deleter.pause)  # the gateway's waiting writer goes next
+    finally:
+        deleter.__exit__(None, None, None)
+    return results
 
 
 _EXECUTORS: dict[str, Callable[[_Context, Action, ActionResult], None]] = {
@@ -665,8 +869,14 @@ def apply_plan(
     journal: Journal | None = None,
     transports: dict[str, Any] | None = None,
     on_result: Callable[[ActionResult], None] | None = None,
+    deleted_ids: Collection[str] = (),
 ) -> ApplyReport:
-    """Apply ``plan`` (a dry run unless ``options.yes``). ``on_result`` is called after each action (progress)."""
+    """Apply ``plan`` (a dry run unless ``options.yes``). ``on_result`` is called after each action (progress).
+
+    ``deleted_ids``: session ids the caller knows were deleted before (as ``build_plan`` took them); with
+    the journals a plan names, they are the only "deleted before" evidence apply accepts, never the plan's
+    word alone.
+    """
     options = options or ApplyOptions()
     if options.yes and journal is None:
         raise PlanError("A real apply needs a journal (every attempt and outcome is recorded).")
@@ -685,6 +895,15 @@ def apply_plan(
             raise PlanError(f"The plan acts on target {action.target!r}, which the config does not name; apply it "
                             "with the config it was planned with (--config).")
 
+    # the lock comes before the journal is read: two applies must not both find an action unsettled
+    with apply_lock(journal, plan.id) if journal is not None and options.yes else nullcontext():
+        return _apply_locked(plan, config, options, journal, transports or {}, on_result, report,
+                             frozenset(deleted_ids))
+
+
+def _apply_locked(plan: Plan, config: Config, options: ApplyOptions, journal: Journal | None,
+                  transports: dict[str, Any], on_result: Callable[[ActionResult], None] | None,
+                  report: ApplyReport, deleted_ids: frozenset[str]) -> ApplyReport:
     settled = journal.outcomes(plan.id) if journal is not None else {}
     pending: list[Action] = []
     for action in plan.actions:
@@ -699,7 +918,7 @@ def apply_plan(
         report.already_applied = True
         return report
 
-    ctx = _Context(plan, config, options, journal, transports or {})
+    ctx = _Context(plan, config, options, journal, transports, deleted_ids)
     if journal is not None and options.yes:
         journal.append("apply-start", plan_id=plan.id, actions=len(pending), resumed=len(report.previous),
                        allow_delete=options.allow_delete)
@@ -735,27 +954,42 @@ def apply_plan(
             on_result(result)
         return result
 
+    def stop_reason() -> str | None:
+        return (report.stopped_early or "stopped") if stop.is_set() else None
+
     def work(item: Action | list[Action]) -> list[ActionResult]:
         if isinstance(item, Action):
             return [count(blocked(item) or _run_action(ctx, item))]
         skipped = {a.id: blocked(a) for a in item}
         runnable = [a for a in item if skipped[a.id] is None]
+        by_id = {a.id: a for a in runnable}
+        if runnable and ctx.target(runnable[0].target).path:
+            def on_settled(result: ActionResult) -> None:
+                _journal_outcome(ctx, by_id[result.action_id], result)
+                count(result)
+
+            ran = {r.action_id: r for r in _session_deletes_sqlite(ctx, runnable, on_settled=on_settled,
+                                                                    stop_reason=stop_reason)}
+            return [count(skipped[a.id]) if skipped[a.id] else ran[a.id] for a in item]  # type: ignore[arg-type]
         ran = {r.action_id: r for r in (_session_delete_batch(ctx, runnable) if runnable else [])}
         for action in runnable:
             _journal_outcome(ctx, action, ran[action.id])
         return [count(skipped[a.id] or ran[a.id]) for a in item]
 
     def work_items(phase: list[Action]) -> list[Action | list[Action]]:
-        """One item per action, except session deletes on a gateway with batch delete: chunks of those."""
+        """One item per action, except session deletes on a SQLite store (all of one store's in one item: they
+        run one transaction at a time) and on a gateway with batch delete (chunks of DELETE_BATCH)."""
         items: list[Action | list[Action]] = []
+        stores: dict[str, list[Action]] = {}
         batched: dict[str, list[Action]] = {}
         for action in phase:
-            entry = next((t for t in plan.targets if t["name"] == action.target), {})
-            if (action.kind == "session_delete" and (entry.get("capabilities") or {}).get("batch_delete")
-                    and not ctx.target(action.target).path):
+            if action.kind == "session_delete" and ctx.target(action.target).path:
+                stores.setdefault(action.target, []).append(action)
+            elif action.kind == "session_delete" and ctx.capability(action.target, "batch_delete"):
                 batched.setdefault(action.target, []).append(action)
             else:
                 items.append(action)
+        items += list(stores.values())
         for group in batched.values():
             items += [group[i:i + DELETE_BATCH] for i in range(0, len(group), DELETE_BATCH)]
         return items

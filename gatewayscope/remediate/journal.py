@@ -8,10 +8,14 @@ outcomes and the gateway's error sentences, never request bodies or credentials.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import tempfile
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +33,23 @@ class Journal:
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Write one event line now (flushed and fsync'd) and return it."""
-        record = {"ts": round(time.time(), 6), "event": event, **fields}
-        line = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str) + "\n"
+        return self.append_many([(event, fields)])[0]
+
+    def append_many(self, events: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Write several event lines with one flush and fsync (all of them are on disk when it returns)."""
+        now = round(time.time(), 6)
+        records = [{"ts": now, "event": event, **fields} for event, fields in events]
+        text = "".join(json.dumps(r, sort_keys=True, separators=(",", ":"), default=str) + "\n" for r in records)
         with self._lock:
             try:
                 with open(self.path, "a", encoding="utf-8") as handle:
-                    handle.write(line)
+                    handle.write(text)
                     handle.flush()
                     os.fsync(handle.fileno())
             except OSError as err:
                 raise PlanError(f"Cannot write the journal {self.path}: {err.strerror or err}. Nothing more "
                                 "is sent until the journal can be written.") from None
-        return record
+        return records
 
     def read(self) -> list[dict[str, Any]]:
         """Every well-formed event, oldest first (a torn last line is skipped)."""
@@ -75,3 +84,58 @@ class Journal:
         """Actions of ``plan_id`` with at least one write attempt recorded."""
         return {str(r.get("action_id")) for r in self.read()
                 if r.get("plan_id") == plan_id and r.get("event") == "attempt"}
+
+
+class ApplyLockedError(PlanError):
+    """Another apply of the same plan, or into the same journal, is running."""
+
+    kind = "locked"
+
+
+def _holder(lock_path: Path) -> str:
+    with contextlib.suppress(OSError, ValueError):
+        info = json.loads(lock_path.read_text(encoding="utf-8"))
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(info["since"])))
+        return f"process {int(info['pid'])} (since {since})"
+    return "another process"
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path, plan_id: str, what: str) -> Iterator[None]:
+    try:
+        handle = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole apply
+    except OSError as err:
+        raise PlanError(f"Cannot create the lock file {lock_path}: {err.strerror or err}.") from None
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ApplyLockedError(f"{what} is being applied by {_holder(lock_path)}; nothing was sent. Wait for "
+                                   "it to finish (its journal resumes where it stopped), then run again.") from None
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps({"pid": os.getpid(), "since": time.time(), "plan_id": plan_id}))
+            handle.flush()
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                handle.seek(0)
+                handle.truncate()
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def apply_lock(journal: Journal, plan_id: str) -> Iterator[None]:
+    """Hold the only apply of ``plan_id`` on this machine and the only writer of ``journal`` until exit.
+
+    Two locks (``flock``, released by the kernel when the process dies, so a crash never leaves one
+    behind): one beside the journal (``<journal>.lock``) and one per plan id in the temporary folder, so
+    the same plan applied with two journals is refused too. A second apply raises ApplyLockedError
+    naming the process that holds the lock, before anything is written.
+    """
+    plan_lock = Path(tempfile.gettempdir()) / f"gatewayscope-apply-{plan_id}.lock"
+    journal_lock = journal.path.with_name(journal.path.name + ".lock")
+    with _exclusive(plan_lock, plan_id, f"Plan {plan_id}"), \
+            _exclusive(journal_lock, plan_id, f"The journal {journal.path}"):
+        yield

@@ -18,9 +18,12 @@ Action kinds, in the order apply runs them:
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import math
+import os
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ from gatewayscope.analysis.orphans import find_orphans
 from gatewayscope.analysis.pools import classify_records, unreachable_records
 from gatewayscope.analysis.posture import SAFE_POSTURE, posture_drift
 from gatewayscope.config import Config
-from gatewayscope.errors import PlanError
+from gatewayscope.errors import ConfigError, PlanError
 from gatewayscope.render import human_seconds
 from gatewayscope.snapshot import Snapshot, TargetSnapshot
 
@@ -95,6 +98,8 @@ class Plan:
     tool_version: str = __version__
     schema_version: int = SCHEMA_VERSION
     id: str = ""
+    #: ``hmac-sha256:<hex>`` over the id, when the plan was saved with a plan key (see :func:`plan_key`)
+    signature: str | None = None
 
     def content(self) -> dict[str, Any]:
         """Everything but the id, in a stable form: what the id hashes."""
@@ -113,9 +118,16 @@ class Plan:
         return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id or self.compute_id(), **self.content()}
+        data = {"id": self.id or self.compute_id(), **self.content()}
+        if self.signature:
+            data["signature"] = self.signature
+        return data
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, *, key: bytes | None = None) -> Path:
+        """Write the plan as JSON; signed with ``key``, or with the configured plan key when there is one."""
+        key = key if key is not None else plan_key()
+        if key:
+            self.signature = sign(self.id or self.compute_id(), key)
         out = Path(path)
         out.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
         return out
@@ -131,13 +143,183 @@ class Plan:
         return {entry["name"]: entry for entry in self.targets}
 
 
-def load_plan(path: str | Path) -> Plan:
-    """Read a plan file and check its id against its content (a hand-edited plan is refused)."""
+#: the plan key: the key itself in this variable, or a file holding it in PLAN_KEY_FILE_ENV
+PLAN_KEY_ENV = "GATEWAYSCOPE_PLAN_KEY"
+PLAN_KEY_FILE_ENV = "GATEWAYSCOPE_PLAN_KEY_FILE"
+_SIGNATURE_PREFIX = "hmac-sha256:"
+
+
+class PlanFileError(ConfigError, PlanError):
+    """A plan file that does not follow the plan schema: one line per problem (a usage error, exit 2)."""
+
+    kind = "plan"
+
+
+def plan_key() -> bytes | None:
+    """The HMAC key plans are signed and checked with, from the environment (None when none is set).
+
+    ``GATEWAYSCOPE_PLAN_KEY`` holds the key itself; ``GATEWAYSCOPE_PLAN_KEY_FILE`` names a file holding
+    it (surrounding whitespace is ignored). With a key set, ``plan`` signs what it writes and ``apply``
+    refuses a plan without a valid signature.
+    """
+    value = os.environ.get(PLAN_KEY_ENV, "")
+    if value.strip():
+        return value.strip().encode()
+    path = os.environ.get(PLAN_KEY_FILE_ENV, "")
+    if not path:
+        return None
+    try:
+        key = Path(path).expanduser().read_bytes().strip()
+    except OSError as err:
+        raise ConfigError(f"{PLAN_KEY_FILE_ENV}={path}: cannot read the plan key ({err.strerror or err}).") from None
+    if not key:
+        raise ConfigError(f"{PLAN_KEY_FILE_ENV}={path}: the file is empty; put the plan key in it.")
+    return key
+
+
+def sign(plan_id: str, key: bytes) -> str:
+    """The signature of a plan: an HMAC of its id, which is itself the hash of its whole content."""
+    return _SIGNATURE_PREFIX + hmac.new(key, f"gatewayscope-plan:{plan_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def _is_int(value: Any, minimum: int | None = None) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and (minimum is None or value >= minimum))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check(problems: list[str], where: str, ok: bool, expected: str, value: Any) -> bool:
+    if not ok:
+        shown = repr(value)
+        problems.append(f"{where}: expected {expected}, got {shown[:80]}{'...' if len(shown) > 80 else ''}")
+    return ok
+
+
+def _check_keys(problems: list[str], where: str, value: Any, required: Mapping[str, tuple[Any, str]]) -> None:
+    """``value`` must be an object holding each required key, each passing its (test, description)."""
+    if not _check(problems, where, isinstance(value, dict), "an object", value):
+        return
+    for key, (test, expected) in required.items():
+        if key not in value:
+            problems.append(f"{where}.{key}: missing ({expected})")
+        else:
+            _check(problems, f"{where}.{key}", test(value[key]), expected, value[key])
+
+
+def _string_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) and v for v in value)
+
+
+_POSITIVE = (lambda v: _is_int(v, 1), "a whole number > 0")
+_COUNT = (lambda v: _is_int(v, 0), "a whole number >= 0")
+_KIND_FIELDS: dict[str, dict[str, dict[str, tuple[Any, str]]]] = {
+    "pool_shrink": {"before": {"concurrency": _COUNT, "buffer_size": _COUNT},
+                    "after": {"concurrency": _POSITIVE, "buffer_size": _POSITIVE}},
+    "record_delete": {"before": {}, "after": {"exists": (lambda v: v is False, "false")}},
+    "posture_fix": {"before": {}, "after": {}},
+    "tombstone_backfill": {"before": {}, "after": {"session_ids": (_string_list, "a list of session id strings")}},
+    "session_delete": {"before": {"trace_count": _POSITIVE}, "after": {"trace_count": (lambda v: v == 0, "0")}},
+}
+
+
+def validate_plan_data(data: Any) -> list[str]:
+    """Every way ``data`` (a parsed plan file) breaks the plan schema, one line each; [] when none.
+
+    >>> validate_plan_data({"schema_version": 1, "id": "x", "created_at": 0, "targets": [], "actions": [{}]})[:2]
+    ['actions[0].id: missing (a string)', 'actions[0].kind: missing (one of the action kinds)']
+    """
+    problems: list[str] = []
+    if not isinstance(data, dict):
+        return [f"the plan: expected a JSON object, got {type(data).__name__}"]
+    _check_keys(problems, "plan", data, {
+        "id": (lambda v: isinstance(v, str), "a string"),
+        "created_at": (_is_number, "a number"),
+        "targets": (lambda v: isinstance(v, list), "a list"),
+        "actions": (lambda v: isinstance(v, list), "a list"),
+    })
+    for key, test, expected in (("policy", lambda v: isinstance(v, dict), "an object"),
+                                ("warnings", lambda v: isinstance(v, list) and all(isinstance(w, str) for w in v),
+                                 "a list of strings"),
+                                ("tool_version", lambda v: isinstance(v, str), "a string"),
+                                ("signature", lambda v: isinstance(v, str), "a string")):
+        if key in data:
+            _check(problems, f"plan.{key}", test(data[key]), expected, data[key])
+    names: set[str] = set()
+    targets: list[Any] = data["targets"] if isinstance(data.get("targets"), list) else []
+    actions: list[Any] = data["actions"] if isinstance(data.get("actions"), list) else []
+    for index, entry in enumerate(targets):
+        where = f"targets[{index}]"
+        _check_keys(problems, where, entry, {
+            "name": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+            "kind": (lambda v: v in ("rllm", "bifrost"), "'rllm' or 'bifrost'"),
+            "address": (lambda v: isinstance(v, str), "a string"),
+        })
+        if isinstance(entry, dict):
+            if isinstance(entry.get("name"), str):
+                names.add(entry["name"])
+            if "capabilities" in entry:
+                _check(problems, f"{where}.capabilities", isinstance(entry["capabilities"], dict)
+                       and all(isinstance(v, bool) for v in entry["capabilities"].values()),
+                       "an object of true/false", entry["capabilities"])
+    for index, action in enumerate(actions):
+        where = f"actions[{index}]"
+        _check_keys(problems, where, action, {
+            "id": (lambda v: isinstance(v, str), "a string"),
+            "kind": (lambda v: v in ACTION_KINDS, "one of the action kinds"),
+            "target": (lambda v: isinstance(v, str) and v in names, "the name of one of the plan's targets"),
+            "subject": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+            "before": (lambda v: isinstance(v, dict), "an object"),
+            "after": (lambda v: isinstance(v, dict), "an object"),
+            "reason": (lambda v: isinstance(v, str), "a string"),
+            "fingerprint": (lambda v: isinstance(v, str), "a string"),
+        })
+        if not isinstance(action, dict):
+            continue
+        if "details" in action:
+            _check(problems, f"{where}.details", action["details"] is None or isinstance(action["details"], dict),
+                   "an object", action["details"])
+        fields = _KIND_FIELDS.get(action.get("kind"))  # type: ignore[arg-type]
+        if fields is None:
+            continue
+        for part in ("before", "after"):
+            if isinstance(action.get(part), dict):
+                _check_keys(problems, f"{where}.{part}", action[part], fields[part])
+        kind = action["kind"]
+        details: dict[str, Any] = action["details"] if isinstance(action.get("details"), dict) else {}
+        if kind == "posture_fix" and isinstance(action.get("after"), dict):
+            for setting, value in action["after"].items():
+                _check(problems, f"{where}.after.{setting}", SAFE_POSTURE.get(setting, object()) == value
+                       and isinstance(value, bool), f"one of {sorted(SAFE_POSTURE)} set to its safe value", value)
+        if kind == "session_delete":
+            for key, test, expected in (
+                    ("trace_ids", lambda v: v is None or _string_list(v), "null or a list of trace id strings"),
+                    ("last_trace_at", lambda v: v is None or _is_number(v), "null or a number"),
+                    ("confidence", lambda v: v in ("confirmed", "suspected"), "'confirmed' or 'suspected'"),
+                    ("weight_version", lambda v: v is None or _is_int(v), "null or a whole number"),
+                    ("deleted_before", lambda v: v is None or (isinstance(v, dict)
+                                                               and isinstance(v.get("journal"), str)),
+                     "null or {\"journal\": <path>}")):
+                if key in details:
+                    _check(problems, f"{where}.details.{key}", test(details[key]), expected, details[key])
+    return problems
+
+
+def load_plan(path: str | Path, *, key: bytes | None = None) -> Plan:
+    """Read a plan file, check it against the plan schema and its id against its content.
+
+    With a plan key (``key``, or the one configured in the environment) the plan must carry a valid
+    signature. Raises PlanFileError (one line per schema problem) or PlanError.
+    """
     source = Path(path)
     try:
         data = json.loads(source.read_text())
     except FileNotFoundError:
         raise PlanError(f"{source}: no such plan file; make one with 'gatewayscope plan --out {source}'.") from None
+    except RecursionError:
+        raise PlanFileError(f"{source} is not a readable plan file: it is nested too deeply.") from None
     except (OSError, ValueError) as err:
         raise PlanError(f"{source} is not a readable plan file: {err}") from None
     if not isinstance(data, dict) or "actions" not in data:
@@ -145,22 +327,33 @@ def load_plan(path: str | Path) -> Plan:
     if data.get("schema_version") != SCHEMA_VERSION:
         raise PlanError(f"{source} has plan schema {data.get('schema_version')!r}; this gatewayscope reads "
                         f"schema {SCHEMA_VERSION}. Make a new plan.")
-    try:
-        plan = Plan(
-            created_at=float(data["created_at"]),
-            targets=list(data["targets"]),
-            actions=[Action.from_dict(a) for a in data["actions"]],
-            policy=dict(data.get("policy") or {}),
-            warnings=list(data.get("warnings") or []),
-            tool_version=str(data.get("tool_version", "")),
-            schema_version=int(data["schema_version"]),
-        )
-    except (KeyError, TypeError, ValueError) as err:
-        raise PlanError(f"{source} is not a well-formed plan ({type(err).__name__}: {err}).") from None
+    problems = validate_plan_data(data)
+    if problems:
+        raise PlanFileError([f"{source} does not follow the plan schema ({len(problems)} problem(s)); make a new "
+                             "plan with 'gatewayscope plan' instead of editing one:",
+                             *(f"  {line}" for line in problems)])
+    plan = Plan(
+        created_at=float(data["created_at"]),
+        targets=list(data["targets"]),
+        actions=[Action.from_dict(a) for a in data["actions"]],
+        policy=dict(data.get("policy") or {}),
+        warnings=list(data.get("warnings") or []),
+        tool_version=str(data.get("tool_version", "")),
+        schema_version=int(data["schema_version"]),
+        signature=data.get("signature"),
+    )
     plan.id = plan.compute_id()
     if data.get("id") != plan.id:
         raise PlanError(f"{source} was changed after it was made (its id does not match its content); "
                         "make a new plan instead of editing one.")
+    key = key if key is not None else plan_key()
+    if key:
+        if not plan.signature:
+            raise PlanError(f"{source} is not signed, and a plan key is set ({PLAN_KEY_ENV}): only plans made "
+                            "with that key are applied. Make the plan again with the key set.")
+        if not hmac.compare_digest(str(plan.signature), sign(plan.id, key)):
+            raise PlanError(f"{source} has a signature that the plan key does not match: it was changed, or made "
+                            "with another key. Make the plan again with this key.")
     return plan
 
 
@@ -216,9 +409,14 @@ def _rllm_actions(snap: TargetSnapshot, config: Config, now: float, *, include_s
                         "gained or lost traces during the scan); apply re-reads every session first.")
 
     actions: list[Action] = []
+    tombstoned = set(data.tombstoned_ids)
     guarded = data.guard is not None and data.guard.enabled
     delete_ids = chosen["session_id"].to_list()
-    backfill_ids = sorted(set(delete_ids) | set(tombstone_ids))
+    # only ids proven deleted are tombstoned ahead: a suspected orphan may still be live, and a tombstone
+    # would drop its next write even when its delete then ends stale. Every delete on a guarded store
+    # records its own tombstone atomically (the guard's trigger, or the guarded launcher's delete).
+    proven = chosen.filter(pl.col("confidence") == "confirmed")["session_id"].to_list()
+    backfill_ids = sorted(set(proven) | set(tombstone_ids))
     if backfill_ids and guarded:
         actions.append(Action(
             id="", kind="tombstone_backfill", target=snap.name, subject="tombstones",
@@ -228,12 +426,12 @@ def _rllm_actions(snap: TargetSnapshot, config: Config, now: float, *, include_s
                     "cannot bring them back"),
             fingerprint=_hash({"session_ids": backfill_ids}),
         ))
-    elif backfill_ids and data.guard is not None:  # a guard that is there but does not work
+    if (delete_ids or backfill_ids) and not guarded and data.guard is not None:  # there, but not working
         how = (f"re-run 'gatewayscope guard install {snap.address}' (its triggers are missing or altered)"
                if data.access == "sqlite" else "restart the gateway with --max-tombstones above 0")
         warnings.append(f"{snap.name}: the tombstone guard is disabled, so no tombstones are planned and a "
                         f"straggler can bring a deleted session back; to stop that: {how}.")
-    elif backfill_ids:
+    elif (delete_ids or backfill_ids) and not guarded:
         how = (f"gatewayscope guard install {snap.address}" if data.access == "sqlite"
                else "run the gateway with 'gatewayscope gateway' instead of 'rllm-model-gateway'")
         warnings.append(f"{snap.name}: no tombstone guard, so no tombstones are planned and a straggler can "
@@ -247,7 +445,10 @@ def _rllm_actions(snap: TargetSnapshot, config: Config, now: float, *, include_s
             reason=f"{row['confidence']} orphan: {row['reason']}",
             fingerprint=session_fingerprint(row["trace_count"], ids),
             details={"confidence": row["confidence"], "task": row["task"], "prompt_tokens": row["prompt_tokens"],
-                     "trace_ids": sorted(ids) if ids is not None else None},
+                     "trace_ids": sorted(ids) if ids is not None else None,
+                     # what apply re-checks against the live store before it deletes (see apply's recheck)
+                     "last_trace_at": row["last_trace_at"], "weight_version": row["weight_version"],
+                     "deleted_before": _deleted_evidence(sid, deleted_ids, tombstoned)},
         ))
     if delete_ids:
         # what apply does: one at a time (or one batch at a time), deletes taking at most DELETE_DUTY of the
@@ -265,6 +466,15 @@ def _rllm_actions(snap: TargetSnapshot, config: Config, now: float, *, include_s
         warnings.append(f"{snap.name}: deletes {len(delete_ids)} session(s) {how}, {pace}{when} "
                         "(apply --rate sets a fixed pace instead).")
     return actions
+
+
+def _deleted_evidence(session_id: str, deleted_ids: Collection[str],
+                      tombstoned: Collection[str]) -> dict[str, str] | None:
+    """Where a "deleted before" orphan's earlier delete is recorded (the journal apply re-reads), or None."""
+    if session_id in tombstoned or session_id not in deleted_ids:
+        return None
+    journal = deleted_ids.get(session_id) if isinstance(deleted_ids, Mapping) else None
+    return {"journal": str(journal)} if journal else None
 
 
 def _memory_delete_time(sessions: int, traces: int, chosen: pl.DataFrame) -> str:
@@ -360,7 +570,8 @@ def build_plan(
     """The plan for ``snapshot`` under ``config``'s policy. Pure: no I/O, no clock unless ``created_at`` is None.
 
     ``only`` restricts the action kinds; ``tombstone_ids`` adds ids to backfill on guarded stores;
-    ``deleted_ids`` are ids known to have been deleted before (they confirm an orphan).
+    ``deleted_ids`` are ids known to have been deleted before (they confirm an orphan); a mapping from id to
+    the journal that recorded the delete lets apply re-check that evidence before it deletes again.
     """
     unknown = set(only) - set(ACTION_KINDS)
     if unknown:

@@ -138,7 +138,7 @@ def test_unguarded_sqlite_store_orphans_are_deleted_in_the_file(rllm_gateway: An
     assert any(w.endswith(f"to stop that: gatewayscope guard install {db}.") for w in plan.warnings)
 
     report = apply_plan(plan, config, options=ApplyOptions(yes=True, allow_delete=True),
-                        journal=Journal(tmp_path / "journal.jsonl"))
+                        journal=Journal(tmp_path / "journal.jsonl"), deleted_ids=run.deleted_uids)
 
     assert report.tally_line() == f"3 done, {TAIL}"
     after = sessions(gateway.url)  # read through the gateway that kept running
@@ -182,12 +182,13 @@ def test_the_cli_plans_shows_dry_runs_applies_and_refuses_to_apply_twice(rllm_ga
     planned = gatewayscope("plan", "--trace-store", db, "--include-suspected", "--out", "plan.json", cwd=tmp_path)
     assert planned.returncode == 0, planned.stderr
     assert "Plan written to plan.json" in planned.stdout
-    assert "3 actions: 1 tombstone_backfill, 2 session_delete" in planned.stdout
+    # suspected orphans get no tombstone ahead of their delete (they may be live); each delete records its own
+    assert "2 actions: 2 session_delete" in planned.stdout
 
     shown = gatewayscope("show", "plan.json", "--format", "md", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("\n# Plan `") or shown.stdout.startswith("# Plan `")
-    assert "| tombstone_backfill | 1 |" in shown.stdout and "| session_delete | 2 |" in shown.stdout
+    assert "| session_delete | 2 |" in shown.stdout
     for uid in run.straggler_uids:
         assert f"`{uid}`" in shown.stdout
     for uid in run.live_uids:
@@ -195,15 +196,17 @@ def test_the_cli_plans_shows_dry_runs_applies_and_refuses_to_apply_twice(rllm_ga
 
     dry = gatewayscope("apply", "plan.json", cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
-    assert "Dry run, nothing was sent: 3 would-write." in dry.stdout
+    assert "Dry run, nothing was sent: 2 would-write." in dry.stdout
     assert sessions(gateway.url) == before
     assert not (tmp_path / "plan.journal.jsonl").exists()
 
     applied = gatewayscope("apply", "plan.json", "--yes", "--allow-delete", cwd=tmp_path)
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    assert applied.stdout.splitlines()[-1] == f"3 done, {TAIL}"
+    assert applied.stdout.splitlines()[-1] == f"2 done, {TAIL}"
     assert sessions(gateway.url) == {uid: before[uid] for uid in run.live_uids}
-    journal_order_ok(tmp_path / "plan.journal.jsonl")
+    with sqlite3.connect(db) as conn:  # the guard's trigger tombstoned each deleted session
+        assert sorted(r[0] for r in conn.execute("SELECT session_id FROM gatewayscope_tombstones")) == sorted(
+            run.straggler_uids)
 
     again = gatewayscope("apply", "plan.json", "--yes", "--allow-delete", cwd=tmp_path)
     assert again.returncode == 0, again.stderr

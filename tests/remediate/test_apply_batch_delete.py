@@ -8,6 +8,7 @@ answer, re-read and resend only what is still there after a 5xx.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -19,6 +20,8 @@ from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import Action, Plan, session_fingerprint
 
 URL = "http://gw.test:9090"
+#: the traces' time: long past the idle threshold, so apply's live re-check finds them orphans
+DAY_OLD = time.time() - 86400
 
 
 class FakeGateway:
@@ -34,7 +37,8 @@ class FakeGateway:
         path = unquote(request.url.path)
         if request.method == "GET" and path.startswith("/sessions/") and path.endswith("/traces"):
             sid = path[len("/sessions/"):-len("/traces")]
-            return httpx.Response(200, json=[{"trace_id": t, "session_id": sid} for t in self.sessions.get(sid, [])])
+            return httpx.Response(200, json=[{"trace_id": t, "session_id": sid, "timestamp": DAY_OLD}
+                                               for t in self.sessions.get(sid, [])])
         if request.method == "POST" and path == "/sessions/batch_delete":
             ids = json.loads(request.content)["session_ids"]
             self.batch_calls.append(ids)

@@ -26,6 +26,8 @@ from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import DELETE_DUTY, Action, Plan, session_fingerprint
 
 URL = "http://gw.test:9090"
+#: the traces' time: long past the idle threshold, so apply's live re-check finds them orphans
+DAY_OLD = time.time() - 86400
 
 
 class Clock:
@@ -62,7 +64,8 @@ class Gateway:
         if request.method == "GET" and path.endswith("/traces"):
             if self.clock:
                 self.clock.advance(0.001)
-            return httpx.Response(200, json=[{"trace_id": t, "session_id": sid} for t in self.sessions.get(sid, [])])
+            return httpx.Response(200, json=[{"trace_id": t, "session_id": sid, "timestamp": DAY_OLD}
+                                               for t in self.sessions.get(sid, [])])
         if request.method == "DELETE":
             with self.lock:
                 self.in_flight += 1
@@ -123,12 +126,14 @@ def test_without_rate_deletes_take_at_most_three_quarters_of_the_gateway(
     gateway = Gateway(20, delete_cost=delete_cost, clock=clock)
     report = run(gateway, tmp_path, concurrency=1, sleep=sleep)
     assert [r.outcome for r in report.results] == ["done"] * 20
-    # a pause of a third of each delete's own time (less the 1 ms re-read that already passed) ...
-    assert waits == pytest.approx([delete_cost / 3 - 0.001] * 19)
-    # ... so from one delete's start to the next, the delete takes three quarters of the gateway's time
+    # a turn is the 1 ms re-read right before the delete plus the delete; the pause after it is a third of
+    # the turn (less the 1 ms first read of the next action, which already passed) ...
+    turn = delete_cost + 0.001
+    assert waits == pytest.approx([turn / 3 - 0.001] * 19)
+    # ... so from one turn's start to the next, the turn takes three quarters of the gateway's time
     starts = [start for start, _ in gateway.deletes]
     cycles = [b - a for a, b in itertools.pairwise(starts)]
-    assert [delete_cost / cycle for cycle in cycles] == pytest.approx([DELETE_DUTY] * 19)
+    assert [turn / cycle for cycle in cycles] == pytest.approx([DELETE_DUTY] * 19)
 
 
 def test_with_rate_the_rate_paces_the_deletes_and_adds_no_pause(monkeypatch: pytest.MonkeyPatch,

@@ -12,7 +12,6 @@ is about (a Plan is plain data; apply executes whatever actions it holds).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import sqlite3
@@ -55,6 +54,7 @@ from gatewayscope.sandbox.bifrost_emulator import (
 )
 from gatewayscope.snapshot import Snapshot, TargetSnapshot
 from gatewayscope.sources.bifrost import HostResolver, read_bifrost
+from tests.helpers import age, session_counts, write_store
 
 NOW = 1_750_000_000.0
 MS = 1_000_000  # nanoseconds
@@ -139,8 +139,10 @@ class Waits:
 
 def run(plan: Plan, config: Config, journal_path: Path, **options: Any) -> tuple[ApplyReport, Waits]:
     waits = options.pop("sleep", None) or Waits()
+    deleted_ids = options.pop("deleted_ids", ())
     options.setdefault("yes", True)
-    report = apply_plan(plan, config, options=ApplyOptions(sleep=waits, **options), journal=Journal(journal_path))
+    report = apply_plan(plan, config, options=ApplyOptions(sleep=waits, **options), journal=Journal(journal_path),
+                        deleted_ids=deleted_ids)
     return report, waits
 
 
@@ -296,7 +298,7 @@ def test_rule2_sessions_are_reread_before_each_delete(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         conn.execute("DELETE FROM trace_sessions WHERE session_id = 'taken:0'")
 
-    report, _ = run(plan, config, tmp_path / "journal.jsonl", allow_delete=True)
+    report, _ = run(plan, config, tmp_path / "journal.jsonl", allow_delete=True, deleted_ids={"came-back:0"})
 
     assert outcomes(report) == {"idle:0": "done", "came-back:0": "done", "revived:0": "stale",
                                 "taken:0": "already-done"}
@@ -825,35 +827,6 @@ def test_rule10_resume_from_a_journal_cut_mid_apply(emu: BifrostEmulator, tmp_pa
 
 # -- tombstone first, then delete (DESIGN: the guard; the order apply keeps) -------------------------------------
 
-def write_store(path: Path, sessions: dict[str, int], *, start: int = 0) -> None:
-    """Write ``sessions`` (id -> traces) through the gateway's own SqliteTraceStore."""
-    rllm_sqlite = pytest.importorskip("rllm_model_gateway.store.sqlite_store", reason="needs rllm-model-gateway")
-
-    async def go() -> None:
-        store = rllm_sqlite.SqliteTraceStore(db_path=str(path))
-        for sid, count in sessions.items():
-            for i in range(start, start + count):
-                data = {"trace_id": f"{sid}/{i}", "session_id": sid, "messages": [{"role": "user", "content": "x"}],
-                        "prompt_token_ids": list(range(20)), "model": "stub", "timestamp": time.time()}
-                await store.store_trace(f"{sid}/{i}", sid, data)
-        await store.close()
-
-    asyncio.run(go())
-
-
-def age(path: Path, session_ids: list[str], seconds: float) -> None:
-    with sqlite3.connect(path) as conn:
-        for sid in session_ids:
-            conn.execute("UPDATE trace_sessions SET created_at = created_at - ? WHERE session_id = ?", (seconds, sid))
-            conn.execute("UPDATE traces SET created_at = created_at - ? WHERE trace_id IN "
-                         "(SELECT trace_id FROM trace_sessions WHERE session_id = ?)", (seconds, sid))
-
-
-def session_counts(path: Path) -> dict[str, int]:
-    with sqlite3.connect(path) as conn:
-        return dict(conn.execute("SELECT session_id, COUNT(*) FROM trace_sessions GROUP BY session_id").fetchall())
-
-
 def sqlite_plan(db: Path, **kwargs: Any) -> tuple[Plan, Config]:
     from gatewayscope.scan import take_snapshot
 
@@ -872,13 +845,14 @@ def test_tombstones_land_before_any_delete_and_a_failed_backfill_stops_the_delet
         write_store(db, {"a:0": 1, "b:0": 1, "live:0": 2})
         age(db, ["a:0", "b:0"], 3 * 3600)
         sqlite_guard.install(db)
-        plan, config = sqlite_plan(db, include_suspected=True)
+        # confirmed orphans (deleted before): their tombstones are recorded ahead of the deletes
+        plan, config = sqlite_plan(db, deleted_ids={"a:0", "b:0"})
         assert [a.kind for a in plan.actions] == ["tombstone_backfill", "session_delete", "session_delete"]
         if uninstall_after_plan:
             sqlite_guard.uninstall(db)
         journal = tmp_path / f"journal-{uninstall_after_plan}.jsonl"
 
-        report, _ = run(plan, config, journal, allow_delete=True)
+        report, _ = run(plan, config, journal, allow_delete=True, deleted_ids={"a:0", "b:0"})
 
         events = [(e["event"], e["kind"]) for e in journal_events(journal) if e.get("kind")]
         if not uninstall_after_plan:
