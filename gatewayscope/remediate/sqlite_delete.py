@@ -116,21 +116,19 @@ class LockTable:
         self._query = struct.pack(self._FLOCK, fcntl.F_WRLCK, os.SEEK_SET, self.PENDING_BYTE, self.LOCK_BYTES, 0)
 
     @classmethod
-    def for_connection(cls, path: str, before: set[int]) -> LockTable:
+    def for_connection(cls, path: str, before: dict[int, tuple[int, int]]) -> LockTable:
+        """The table seen through the descriptor of ``path`` opened since ``before`` was taken (by identity:
+        a descriptor number in ``before`` may since have been closed and reused for the file)."""
         if not sys.platform.startswith("linux") or struct.calcsize(cls._FLOCK) != 32:
             return cls(None)
         try:
             info = os.stat(path)
-            for name in os.listdir("/proc/self/fd"):
-                fd = int(name)
-                if fd in before:
-                    continue
-                with contextlib.suppress(OSError):
-                    found = os.fstat(fd)
-                    if (found.st_dev, found.st_ino) == (info.st_dev, info.st_ino):
-                        return cls(fd)
-        except (OSError, ValueError):
-            pass
+        except OSError:
+            return cls(None)
+        identity = (info.st_dev, info.st_ino)
+        for fd, refers_to in _descriptors().items():
+            if refers_to == identity and before.get(fd) != identity:
+                return cls(fd)
         return cls(None)
 
     def busy(self) -> bool:
@@ -144,10 +142,15 @@ class LockTable:
         return bool(struct.unpack(self._FLOCK, answer)[0] != fcntl.F_UNLCK)
 
 
-def _descriptors() -> set[int]:
+def _descriptors() -> dict[int, tuple[int, int]]:
+    """This process's descriptors and the (device, inode) each refers to."""
+    found: dict[int, tuple[int, int]] = {}
     with contextlib.suppress(OSError):
-        return {int(name) for name in os.listdir("/proc/self/fd") if name.isdigit()}
-    return set()
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError, ValueError):
+                info = os.stat(int(name))
+                found[int(name)] = (info.st_dev, info.st_ino)
+    return found
 
 
 def _is_busy(err: sqlite3.OperationalError) -> bool:

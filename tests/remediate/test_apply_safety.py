@@ -265,3 +265,34 @@ def test_the_guard_refuses_to_install_into_a_damaged_database(tmp_path: Path,
     assert "is damaged (PRAGMA quick_check" in out.err
     assert "Traceback" not in out.err
     assert db.read_bytes() == before
+
+
+def test_the_delete_lock_probe_sees_another_process_reading(tmp_path: Path) -> None:
+    """The SQLite deleter takes its lock only when no other process holds one: its probe must see a reader in
+    another process (the gateway). Catches a probe that never armed (it then polled blindly, and a gateway
+    write meeting its momentary RESERVED lock was lost)."""
+    import subprocess
+    import sys
+
+    from gatewayscope.remediate.sqlite_delete import SessionDeleter
+
+    db = tmp_path / "traces.db"
+    write_store(db, {"a:0": 1})
+    reader = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); c.execute('BEGIN'); "
+        "c.execute('SELECT * FROM traces').fetchall(); print('reading', flush=True); sys.stdin.readline()"),
+        str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        with SessionDeleter(str(db)) as deleter:
+            assert deleter._locks.fd is not None
+            assert reader.stdout is not None and reader.stdout.readline().strip() == "reading"
+            assert deleter._locks.busy()
+            assert reader.stdin is not None
+            reader.stdin.write("\n")
+            reader.stdin.flush()
+            reader.wait(timeout=30)
+            assert not deleter._locks.busy()
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+        reader.wait()

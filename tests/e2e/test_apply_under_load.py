@@ -1,0 +1,334 @@
+"""``gatewayscope apply`` on the SQLite file of a running, loaded 0.1.0 gateway loses none of its traces.
+
+The REAL, unmodified ``rllm-model-gateway --store sqlite`` serves 8 writers (chat calls on their own live
+sessions) and 2 readers (``GET /sessions``, ``GET /sessions/{sid}/traces``) while ``gatewayscope apply``
+deletes the orphans ``gatewayscope plan --include-suspected`` planned in the same file. The 0.1.0 gateway
+answers a chat call first and persists its trace afterwards, fire-and-forget, through its one SQLite
+connection (20 s busy timeout); a write that fails is only logged (``Failed to persist trace ...``), the
+client has its 200 already. So the rules are checked in the file itself, after the load:
+
+* every call answered 200 has its trace in the file, under its session (by the worker's response id);
+* every planned orphan is gone, and nothing else: the store's other sessions keep all their traces;
+* apply exits 0 by itself, its tally line counts every planned delete done, its journal has ``apply-end``;
+* the gateway never logged ``database is locked``, and every read it was asked for was answered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from gatewayscope.sandbox.rollouts import DEFAULT_MODEL
+from tests.e2e._store import BuiltStore, build_store
+
+pytestmark = pytest.mark.e2e
+
+#: sessions in the store when the gateway starts, and how many of them are day-old one-trace orphans
+STORE_SESSIONS = 20_000
+ORPHANS = 2_000
+WRITERS = 8
+SESSIONS_PER_WRITER = 3
+READERS = 2
+#: a writer's pause between two calls: agents are paced, and unpaced writers queue persist tasks faster
+#: than the 0.1.0 store commits them (every later trace then waits behind the backlog, contention or not)
+WRITER_PAUSE = 0.01
+#: a reader's pause between two reads (a ``GET /sessions`` groups every session of the store)
+READER_PAUSE = 0.05
+READ_LIMIT = 100
+#: answered calls before apply starts: the load is under way when the first delete is sent
+CALLS_BEFORE_APPLY = 200
+#: liveness bounds (seconds), never timing assertions; apply deletes these orphans in a few seconds with
+#: no load, so APPLY_BOUND only ends an apply that no longer makes progress
+APPLY_BOUND = 150.0
+LOAD_START_BOUND = 60.0
+CLIENT_TIMEOUT = 60.0
+#: the file's load traces are final once their count holds this long (the load and apply have stopped)
+SETTLE_QUIET = 5.0
+SETTLE_BOUND = 90.0
+TALLY = re.compile(r"^\d+ done, \d+ refused, \d+ unconfirmed, \d+ gone, \d+ stale, \d+ already-done$")
+
+
+# -- the file, read directly --------------------------------------------------------------------------------
+
+
+def read_only(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+
+
+def file_sessions(path: Path) -> dict[str, int]:
+    """Session id -> its junction rows (traces), for every session in the file."""
+    conn = read_only(path)
+    try:
+        return dict(conn.execute("SELECT session_id, COUNT(*) FROM trace_sessions GROUP BY session_id"))
+    finally:
+        conn.close()
+
+
+def file_trace_ids(path: Path) -> set[str]:
+    conn = read_only(path)
+    try:
+        return {row[0] for row in conn.execute("SELECT trace_id FROM traces")}
+    finally:
+        conn.close()
+
+
+def file_load_traces(path: Path, prefix: str) -> dict[str, set[str]]:
+    """Session id -> the worker's response ids of its traces, for the sessions named ``prefix...``."""
+    conn = read_only(path)
+    try:
+        rows = conn.execute(
+            "SELECT ts.session_id, json_extract(t.data, '$.raw_response.id') FROM trace_sessions AS ts "
+            "JOIN traces AS t ON t.trace_id = ts.trace_id WHERE substr(ts.session_id, 1, ?) = ?",
+            (len(prefix), prefix)).fetchall()
+    finally:
+        conn.close()
+    found: dict[str, set[str]] = {}
+    for sid, response_id in rows:
+        found.setdefault(sid, set()).add(str(response_id))
+    return found
+
+
+def settle(path: Path, prefix: str, expected: int) -> dict[str, set[str]]:
+    """The load's traces in the file once the gateway has stopped persisting them: all ``expected`` are
+    there, or their number held still for ``SETTLE_QUIET`` s (within ``SETTLE_BOUND`` s in all)."""
+    deadline = time.monotonic() + SETTLE_BOUND
+    last = -1
+    quiet_since = time.monotonic()
+    while True:
+        found = file_load_traces(path, prefix)
+        count = sum(len(ids) for ids in found.values())
+        now = time.monotonic()
+        if count != last:
+            last, quiet_since = count, now
+        if count >= expected or now - quiet_since >= SETTLE_QUIET or now >= deadline:
+            return found
+        time.sleep(0.25)
+
+
+# -- the load -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """What the writers and readers saw; shared by their threads (``lock`` guards the containers)."""
+
+    url: str
+    prefix: str
+    kept_sample: list[str]
+    #: live session -> response ids of the calls the gateway answered 200
+    answered: dict[str, set[str]] = field(default_factory=dict)
+    #: the first few failed calls and reads (``failures`` counts them all)
+    errors: list[str] = field(default_factory=list)
+    failures: int = 0
+    reads: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def calls(self) -> int:
+        with self.lock:
+            return sum(len(ids) for ids in self.answered.values())
+
+    def fail(self, what: str) -> None:
+        """Record a failed call or read; the thread goes on (the run is measured to its end)."""
+        with self.lock:
+            self.failures += 1
+            if len(self.errors) < 10:
+                self.errors.append(what)
+
+    def writer(self, worker: int) -> None:
+        sessions = [f"{self.prefix}{worker}-{k}" for k in range(SESSIONS_PER_WRITER)]
+        with httpx.Client(base_url=self.url, timeout=CLIENT_TIMEOUT) as client:
+            n = 0
+            while not self.stop.is_set():
+                sid = sessions[n % len(sessions)]
+                body = {"model": DEFAULT_MODEL, "max_tokens": 8,
+                        "messages": [{"role": "user", "content": f"{sid}#{n}"}]}
+                try:
+                    resp = client.post(f"/sessions/{quote(sid, safe='')}/v1/chat/completions", json=body)
+                    if resp.status_code == 200:
+                        with self.lock:
+                            self.answered.setdefault(sid, set()).add(str(resp.json()["id"]))
+                    else:
+                        self.fail(f"writer {worker}: {sid} call {n} answered {resp.status_code}: {resp.text[:200]}")
+                except (httpx.HTTPError, ValueError, KeyError) as err:
+                    self.fail(f"writer {worker}: {sid} call {n}: {err!r}")
+                n += 1
+                self.stop.wait(WRITER_PAUSE)
+
+    def reader(self, index: int) -> None:
+        rng = random.Random(index)
+        with httpx.Client(base_url=self.url, timeout=CLIENT_TIMEOUT) as client:
+            while not self.stop.is_set():
+                with self.lock:
+                    live = sorted(self.answered)
+                sid = rng.choice(live if live and rng.random() < 0.5 else self.kept_sample)
+                for path, params in (("/sessions", {"limit": READ_LIMIT}),
+                                     (f"/sessions/{quote(sid, safe='')}/traces", {})):
+                    try:
+                        resp = client.get(path, params=params)
+                    except httpx.HTTPError as err:
+                        self.fail(f"reader {index}: GET {path}: {err!r}")
+                        continue
+                    if resp.status_code != 200:
+                        self.fail(f"reader {index}: GET {path} answered {resp.status_code}: {resp.text[:200]}")
+                        continue
+                    with self.lock:
+                        self.reads += 1
+                self.stop.wait(READER_PAUSE)
+
+
+@contextmanager
+def running(load: Load) -> Iterator[Load]:
+    """The load's threads, from entry until exit (stopped and joined also when the test fails)."""
+    threads = [threading.Thread(target=load.writer, args=(w,), name=f"load-writer-{w}") for w in range(WRITERS)]
+    threads += [threading.Thread(target=load.reader, args=(r,), name=f"load-reader-{r}") for r in range(READERS)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield load
+    finally:
+        load.stop.set()
+        for thread in threads:
+            thread.join(timeout=CLIENT_TIMEOUT + 10)
+        assert not any(thread.is_alive() for thread in threads), "a load thread did not stop"
+
+
+# -- gatewayscope, as its users run it ------------------------------------------------------------------------
+
+
+def cli_env(home: Path) -> dict[str, str]:
+    """A clean environment (no config file from the caller's), importing gatewayscope from where we do."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home)}
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+def cli_argv(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from gatewayscope.cli import run; run()", *args]
+
+
+@dataclass
+class ApplyRun:
+    exit_code: int | None  # None: killed at APPLY_BOUND
+    output: str
+    seconds: float
+
+
+def run_apply(plan: Path, cwd: Path) -> ApplyRun:
+    """``gatewayscope apply PLAN --yes --allow-delete`` in its own process group, killed at APPLY_BOUND s."""
+    log = cwd / "apply.log"
+    started = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cli_argv("apply", plan.name, "--yes", "--allow-delete"), stdout=out,
+                                stderr=subprocess.STDOUT, cwd=cwd, env=cli_env(cwd), start_new_session=True)
+        try:
+            deadline = started + APPLY_BOUND
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            exit_code = proc.poll()
+        finally:
+            if proc.poll() is None:
+                with suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    return ApplyRun(exit_code=exit_code, output=log.read_text(errors="replace"),
+                    seconds=time.monotonic() - started)
+
+
+def journal_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        with suppress(json.JSONDecodeError):
+            events.append(json.loads(line))
+    return events
+
+
+# -- the test -----------------------------------------------------------------------------------------------
+
+
+def test_apply_on_a_loaded_gateways_sqlite_file_loses_no_answered_trace(rllm_gateway: Any, tmp_path: Path) -> None:
+    db = tmp_path / "gateway-traces.db"
+    store: BuiltStore = build_store(db, sessions=STORE_SESSIONS, orphans=ORPHANS, now=time.time())
+    gateway = rllm_gateway("sqlite", db_path=db)
+
+    planned = subprocess.run(cli_argv("plan", "--trace-store", str(db), "--include-suspected", "--out", "plan.json"),
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path, env=cli_env(tmp_path))
+    assert planned.returncode == 0, planned.stdout[-2000:] + planned.stderr[-2000:]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    planned_ids = {a["subject"] for a in plan["actions"] if a["kind"] == "session_delete"}
+    assert planned_ids == set(store.orphans), "the plan must delete exactly the store's orphans"
+    assert len(plan["actions"]) == len(planned_ids)
+
+    prefix = f"load-{uuid.uuid4().hex[:8]}-"
+    load = Load(url=gateway.url, prefix=prefix, kept_sample=sorted(store.kept)[::500])
+    with running(load):
+        deadline = time.monotonic() + LOAD_START_BOUND
+        while load.calls < CALLS_BEFORE_APPLY:
+            assert time.monotonic() < deadline, f"the load did not start: {load.calls} calls answered"
+            time.sleep(0.05)
+        applied = run_apply(tmp_path / "plan.json", tmp_path)
+    answered = {sid: set(ids) for sid, ids in load.answered.items()}
+    n_answered = sum(len(ids) for ids in answered.values())
+
+    # The gateway persists after answering: read the file once its last writes have landed.
+    in_file = settle(db, prefix, n_answered)
+    missing = {sid: ids - in_file.get(sid, set()) for sid, ids in answered.items()}
+    n_missing = sum(len(ids) for ids in missing.values())
+    unexpected = {sid: ids - answered.get(sid, set()) for sid, ids in in_file.items()}
+    sessions_now = file_sessions(db)
+    traces_now = file_trace_ids(db)
+    orphans_left = sorted(sid for sid in store.orphans if sid in sessions_now)
+    orphan_traces_left = sorted(tid for tid in store.orphans.values() if tid in traces_now)
+    kept_changed = sorted(sid for sid, n in store.kept.items() if sessions_now.get(sid) != n)
+    events = journal_events(tmp_path / "plan.journal.jsonl")
+    journaled_done = sum(1 for e in events if e.get("event") == "outcome" and e.get("outcome") == "done")
+    tallies = [line for line in applied.output.splitlines() if TALLY.match(line.strip())]
+    gateway_log = gateway.process.output()
+    locked = gateway_log.count("database is locked")
+    failed_persists = gateway_log.count("Failed to persist trace")
+
+    summary = (
+        f"answered {n_answered} chat calls on {len(answered)} live sessions, {n_missing} of their traces "
+        f"missing from the file; {load.reads} reads; planned {len(planned_ids)} orphan deletes, "
+        f"{len(planned_ids) - len(orphans_left)} deleted ({journaled_done} journaled done); apply "
+        f"{'killed after' if applied.exit_code is None else f'exited {applied.exit_code} after'} "
+        f"{applied.seconds:.0f} s, tally {tallies[-1] if tallies else None!r}; gateway log: "
+        f"{failed_persists} 'Failed to persist trace', {locked} 'database is locked'; "
+        f"{load.failures} failed calls/reads {load.errors[:3]}; apply output tail:\n{applied.output[-1500:]}"
+    )
+    print(summary)
+
+    assert load.failures == 0, summary
+    assert n_missing == 0, summary
+    assert not any(unexpected.values()), f"traces no call was answered for: {unexpected}\n{summary}"
+    assert orphans_left == [] and orphan_traces_left == [], summary
+    assert kept_changed == [], f"{len(kept_changed)} sessions that were not planned lost traces\n{summary}"
+    assert applied.exit_code == 0, summary
+    assert "Traceback" not in applied.output, summary
+    assert tallies and tallies[-1].strip() == (
+        f"{len(planned_ids)} done, 0 refused, 0 unconfirmed, 0 gone, 0 stale, 0 already-done"), summary
+    assert [e for e in events if e.get("event") == "apply-end"], f"no apply-end in the journal\n{summary}"
+    assert locked == 0 and failed_persists == 0, summary
+    assert gateway.process.running(), summary
