@@ -54,6 +54,10 @@ DELETE_DUTY = 0.75
 #: event loop): about 0.4 us in bench/session_delete.py (36 ms at 45,000 one-trace sessions, 2 cores); a
 #: range around it, not a promise (the machine and the store's heap move it)
 MEMORY_DELETE_SECONDS_PER_ITEM = (0.2e-6, 0.6e-6)
+#: what one session delete on a SQLite store costs apply, lock waits and journal included: short exclusive
+#: transactions that each yield to the gateway's writer (docs/remediation.md); the low end is an idle store,
+#: the high end one the gateway writes to without pause. A range, not a promise.
+SQLITE_DELETE_SECONDS_PER_SESSION = (0.001, 0.008)
 
 
 @dataclass
@@ -456,7 +460,10 @@ def _rllm_actions(snap: TargetSnapshot, config: Config, now: float, *, include_s
         pace = (f"so that deletes take at most {DELETE_DUTY:.0%} of the gateway's time and its traffic waits "
                 "behind one delete at most")
         if data.access == "sqlite":
-            how, when = "with the gateway's own delete statements on its SQLite file, one at a time", ""
+            low, high = (len(delete_ids) * cost for cost in SQLITE_DELETE_SECONDS_PER_SESSION)
+            how = "with the gateway's own delete statements on its SQLite file, in short exclusive transactions"
+            when = ("; about " + (f"{human_seconds(low)} (idle store) to {human_seconds(high)} (busy gateway)"
+                                  if high >= 1 else "a second or less"))
         elif data.capabilities.get("batch_delete"):
             how, when = "through the gateway's batch delete (POST /sessions/batch_delete), one batch at a time", ""
         else:
