@@ -16,6 +16,7 @@ from typing import Any
 
 from gatewayscope.guard import backfill as guard_backfill
 from gatewayscope.guard import sqlite as sqlite_guard
+from gatewayscope.render import terminal_safe
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -202,9 +203,10 @@ def run_status(args: argparse.Namespace) -> int:
 def run_lift(args: argparse.Namespace) -> int:
     lifted = guard_backfill.lift(args.target, args.session_id, timeout=args.timeout)
     if lifted:
-        print(f"Lifted the tombstone of {args.session_id} in {args.target}: its trace writes land again.")
+        print(terminal_safe(f"Lifted the tombstone of {args.session_id} in {args.target}: its trace writes land "
+                            "again."))
     else:
-        print(f"{args.session_id} has no tombstone in {args.target}; nothing changed.")
+        print(terminal_safe(f"{args.session_id} has no tombstone in {args.target}; nothing changed."))
     return EXIT_OK
 
 
@@ -219,7 +221,7 @@ def run_backfill(args: argparse.Namespace) -> int:
         print(f"No session ids to backfill{' in ' + args.ids_file if args.ids_file else ''}; nothing changed.")
         return EXIT_OK
     result = guard_backfill.backfill_tombstones(args.target, ids, timeout=args.timeout)
-    print(f"Backfilled {args.target}: {result.message}")
+    print(terminal_safe(f"Backfilled {args.target}: {result.message}"))
     return EXIT_OK
 
 
@@ -261,34 +263,41 @@ def format_status(status: sqlite_guard.GuardStatus) -> str:
         lines.append(f"  PROBLEM: {'; '.join(problems)}. Stragglers may resurrect sessions (or the gateway's "
                      f"writes may fail). Repair with: gatewayscope guard install {status.path}")
     if status.top_droppers:
-        width = max(len("SESSION"), *(len(d.session_id) for d in status.top_droppers))
+        ids = [terminal_safe(d.session_id) for d in status.top_droppers]  # chosen by the gateway's callers
+        width = max(len("SESSION"), *(len(sid) for sid in ids))
         lines.append("")
         lines.append(f"Sessions with dropped writes (top {len(status.top_droppers)} of "
                      f"{status.sessions_with_drops:,}):")
         lines.append(f"  {'SESSION'.ljust(width)}  {'DROPPED':>7}  {'DELETED':<20}  LAST DROPPED")
-        for d in status.top_droppers:
-            lines.append(f"  {d.session_id.ljust(width)}  {d.dropped:>7,}  {_when(d.deleted_at):<20}  "
+        for sid, d in zip(ids, status.top_droppers, strict=True):
+            lines.append(f"  {sid.ljust(width)}  {d.dropped:>7,}  {_when(d.deleted_at):<20}  "
                          f"{_when(d.last_dropped_at)}")
         lines.append(_RETRY_HINT.format(target=status.path))
     return "\n".join(lines)
 
 
+def _count(value: Any) -> int:
+    """A count from a gateway's answer, 0 when it is not a whole number (the answer is not trusted)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def format_remote_status(url: str, body: dict[str, Any]) -> str:
     """The text view of ``guard status`` for a guarded gateway's ``GET /guard/status``."""
-    capacity = int(body.get("capacity", 0))
+    capacity = _count(body.get("capacity"))
     lines = [f"Tombstone guard of {url}: {'enabled' if body.get('enabled') else 'DISABLED (--max-tombstones 0)'}",
-             f"  tombstones      {int(body.get('tombstones', 0)):,} / "
+             f"  tombstones      {_count(body.get('tombstones')):,} / "
              f"{_capacity(capacity) if capacity else 'disabled'}",
-             f"  dropped writes  {int(body.get('dropped_writes', 0)):,}",
-             f"  evicted         {int(body.get('evicted', 0)):,}"]
+             f"  dropped writes  {_count(body.get('dropped_writes')):,}",
+             f"  evicted         {_count(body.get('evicted')):,}"]
     droppers = [d for d in body.get("top_droppers") or [] if isinstance(d, dict)]
     if droppers:
-        width = max(len("SESSION"), *(len(str(d.get("session_id", ""))) for d in droppers))
+        ids = [terminal_safe(str(d.get("session_id", ""))) for d in droppers]
+        width = max(len("SESSION"), *(len(sid) for sid in ids))
         lines.append("")
         lines.append("Sessions with dropped writes:")
         lines.append(f"  {'SESSION'.ljust(width)}  {'DROPPED':>7}")
-        for d in droppers:
-            lines.append(f"  {str(d.get('session_id', '')).ljust(width)}  {int(d.get('dropped', 0)):>7,}")
+        for sid, d in zip(ids, droppers, strict=True):
+            lines.append(f"  {sid.ljust(width)}  {_count(d.get('dropped')):>7,}")
         lines.append("A listed session that should be live can be lifted with: "
                      f"gatewayscope guard lift {url} SESSION_ID (an explicit POST /sessions also lifts it)")
     return "\n".join(lines)

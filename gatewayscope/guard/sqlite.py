@@ -458,6 +458,8 @@ def check_integrity(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIME
                                      "--busy-timeout.") from None
                 time.sleep(0.05)  # the waiting commit goes through
     except sqlite3.DatabaseError as err:
+        if "not a database" in str(err):  # not damaged: some other file
+            raise _store_error(name, err, busy_timeout=busy_timeout) from None
         problems = [str(err)]
     else:
         problems = [str(row[0]) for row in rows if row and row[0] != "ok"]
