@@ -6,7 +6,8 @@ The file::
     name = "rl-gateway"
     kind = "rllm"                        # "rllm" (REST or SQLite) or "bifrost"
     url = "http://127.0.0.1:9090"        # or: path = "/srv/rllm/gateway_traces.db"
-    timeout_seconds = 10
+    timeout_seconds = 10                 # bounds each whole request: connect, send, the whole answer
+    max_body_bytes = 536870912           # the largest answer read (default 512 MiB)
 
     [[targets]]
     name = "bifrost"
@@ -50,6 +51,10 @@ else:  # pragma: no cover - exercised on 3.10 only
 KINDS = ("rllm", "bifrost")
 DEFAULT_TIMEOUT_SECONDS = 10.0
 DEFAULT_MEMORY_LIMIT_BYTES = 512 * 1024 * 1024
+#: the largest answer a client reads from a target. The largest answer is an rLLM gateway's ``GET /sessions``
+#: listing, about 120 to 200 bytes a session (its id, trace count and timestamps as compact JSON): a
+#: million sessions weigh 115 to 190 MiB, and this leaves room for longer ids
+DEFAULT_MAX_BODY_BYTES = 512 * 1024 * 1024
 #: the platform's hard ceiling for a pool override (the gateway's default connections per upstream host)
 POOL_OVERRIDE_CEILING = 5000
 STANDARD_POOL_ENV = "SANDBOX_LLM_GATEWAY_PROVIDER_CONCURRENCY"
@@ -103,6 +108,8 @@ class Target:
     memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES
     #: how many reads of this target may run at once (per-session trace reads, DNS checks)
     concurrency: int = 8
+    #: the largest answer read from this target; a larger one is an error that names this setting
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     @property
     def address(self) -> str:
@@ -142,7 +149,8 @@ class Config:
 
 # -- validation helpers -------------------------------------------------------------------------
 
-_TARGET_KEYS = {"name", "kind", "url", "path", "timeout_seconds", "auth", "memory_limit_bytes", "concurrency"}
+_TARGET_KEYS = {"name", "kind", "url", "path", "timeout_seconds", "auth", "memory_limit_bytes", "concurrency",
+                "max_body_bytes"}
 _AUTH_KEYS = {"username", "username_env", "password_env", "password_file"}
 _POLICY_KEYS = {"orphan_idle_seconds", "max_weight_lag", "standard_pool", "custom_pool", "queue_per_worker",
                 "env_file"}
@@ -232,6 +240,9 @@ def _parse_target(raw: Any, index: int, problems: _Problems) -> Target | None:
     limit = raw.get("memory_limit_bytes", DEFAULT_MEMORY_LIMIT_BYTES)
     if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
         problems.add(f"{key}.memory_limit_bytes", f"expected a positive whole number of bytes, got {limit!r}")
+    max_body = raw.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+    if not isinstance(max_body, int) or isinstance(max_body, bool) or max_body <= 0:
+        problems.add(f"{key}.max_body_bytes", f"expected a positive whole number of bytes, got {max_body!r}")
     concurrency = raw.get("concurrency", 8)
     if not isinstance(concurrency, int) or isinstance(concurrency, bool) or not 1 <= concurrency <= 256:
         problems.add(f"{key}.concurrency", f"expected a whole number from 1 to 256, got {concurrency!r}")
@@ -241,7 +252,7 @@ def _parse_target(raw: Any, index: int, problems: _Problems) -> Target | None:
     if len(problems.lines) > before:
         return None
     return Target(name=name, kind=kind, url=url, path=path, timeout_seconds=float(timeout), auth=auth,  # type: ignore[arg-type]
-                  memory_limit_bytes=limit, concurrency=concurrency)
+                  memory_limit_bytes=limit, concurrency=concurrency, max_body_bytes=max_body)
 
 
 def _parse_policy(raw: Any, problems: _Problems) -> Policy:
@@ -319,6 +330,10 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(f"{origin}: cannot read it: {err.strerror or err}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{origin}: not valid TOML: {err}") from None
+    except RecursionError:
+        # the TOML reader recurses once per level of nested arrays and inline tables
+        raise ConfigError(f"{origin}: its arrays or inline tables are nested too deeply to read; a gatewayscope "
+                          "config needs no more than a few levels, so fix the file") from None
     return parse_config(data, origin)
 
 
@@ -347,8 +362,11 @@ def build_config(
     timeout_seconds: float | None = None,
     orphan_idle_seconds: float | None = None,
     max_weight_lag: int | None = None,
+    max_body_bytes: int | None = None,
 ) -> Config:
-    """The config a command runs with: the file (if any), then flag targets and policy overrides."""
+    """The config a command runs with: the file (if any), then flag targets and policy overrides.
+
+    ``timeout_seconds`` and ``max_body_bytes`` (flags) override every target's own setting."""
     config = load_config(config_path) if config_path else Config(targets=[], policy=Policy())
     timeout = timeout_seconds if timeout_seconds is not None else DEFAULT_TIMEOUT_SECONDS
     for index, address in enumerate(trace_stores):
@@ -357,6 +375,10 @@ def build_config(
         config.targets.append(target_from_address(address, "bifrost", index, timeout))
     if timeout_seconds is not None:
         config.targets = [replace(t, timeout_seconds=timeout_seconds) for t in config.targets]
+    if max_body_bytes is not None:
+        if max_body_bytes <= 0:
+            raise ConfigError("command line: --max-body-bytes: expected a positive whole number of bytes")
+        config.targets = [replace(t, max_body_bytes=max_body_bytes) for t in config.targets]
     if orphan_idle_seconds is not None:
         if orphan_idle_seconds <= 0:
             raise ConfigError("command line: --orphan-idle-seconds: expected a positive number of seconds")

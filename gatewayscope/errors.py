@@ -84,3 +84,41 @@ class PlanError(GatewayscopeError):
     """A plan file is unreadable, tampered with, or cannot be applied as asked."""
 
     kind = "plan"
+
+
+class RedirectError(BadResponseError):
+    """The gateway answered with a redirect (3xx). gatewayscope follows none: a target's URL is the API itself.
+
+    ``status`` is the answer's status and ``location`` its ``Location`` header made safe to print (control
+    characters removed), or None when it had none.
+    """
+
+    kind = "redirect"
+
+    def __init__(self, message: str, *, status: int, location: str | None) -> None:
+        self.status = status
+        self.location = location
+        super().__init__(message)
+
+
+class BodyTooLargeError(BadResponseError):
+    """The gateway's answer is larger than the target's ``max_body_bytes``; reading stopped at the cap.
+
+    ``limit`` is that cap in bytes.
+    """
+
+    kind = "too_large"
+
+    def __init__(self, message: str, *, limit: int) -> None:
+        self.limit = limit
+        super().__init__(message)
+
+
+class UnaddressableSessionError(SourceError):
+    """A session id no request to the rLLM gateway's REST API can name (it holds a ``/``).
+
+    The gateway decodes ``%2F`` back to ``/`` before it routes a request, so ``/sessions/{id}`` never
+    matches such an id; it can be read and deleted only in the SQLite store itself.
+    """
+
+    kind = "unaddressable"

@@ -10,6 +10,7 @@ import pytest
 from gatewayscope.cli import main
 from gatewayscope.config import (
     CUSTOM_POOL_ENV,
+    DEFAULT_MAX_BODY_BYTES,
     STANDARD_POOL_ENV,
     AuthConfig,
     build_config,
@@ -205,3 +206,46 @@ def test_auth_resolves_from_env_or_file_and_never_from_flags(tmp_path: Path, mon
     with pytest.raises(ConfigError, match="GS_MISSING"):
         AuthConfig(username="u", password_env="GS_MISSING").resolve()
     assert "s3cret" not in repr(AuthConfig(username_env="GS_USER", password_env="GS_PW"))
+
+
+def test_max_body_bytes_per_target_with_a_default_and_a_flag_override(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        [[targets]]
+        name = "big"
+        kind = "rllm"
+        url = "http://127.0.0.1:9090"
+        max_body_bytes = 2147483648
+        [[targets]]
+        name = "plain"
+        kind = "bifrost"
+        url = "http://127.0.0.1:8080"
+    """)
+    config = load_config(path)
+    assert [t.max_body_bytes for t in config.targets] == [2 * 1024**3, DEFAULT_MAX_BODY_BYTES]
+    assert DEFAULT_MAX_BODY_BYTES == 512 * 1024**2
+    overridden = build_config(str(path), max_body_bytes=1024)
+    assert [t.max_body_bytes for t in overridden.targets] == [1024, 1024]
+    with pytest.raises(ConfigError, match="--max-body-bytes: expected a positive whole number"):
+        build_config(str(path), max_body_bytes=0)
+    bad = write(tmp_path, """
+        [[targets]]
+        name = "x"
+        kind = "rllm"
+        url = "http://a:1"
+        max_body_bytes = "lots"
+    """, name="bad.toml")
+    with pytest.raises(ConfigError, match=r"targets\[0\].max_body_bytes: expected a positive whole number of bytes"):
+        load_config(bad)
+
+
+@pytest.mark.parametrize("opener", ["[", "{a = "])
+def test_deeply_nested_toml_is_one_config_error(tmp_path: Path, opener: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text("a = " + opener * 100_000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply") as caught:
+        load_config(path)
+    assert len(caught.value.problems) == 1 and str(path) in caught.value.problems[0]
+    assert main(["scan", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nested too deeply to read" in err[0] and "Traceback" not in err[0]

@@ -10,8 +10,10 @@ read-backs, belongs to apply). Every failure is one of gatewayscope's typed erro
   message ``request dropped: queue is full``) -> :class:`RequestDroppedError`, an HTTPStatusError
   with ``dropped = True`` (``getattr(err, "dropped", False)`` is false for every other error);
 * an answer that is not JSON, or not the shape the API returns -> :class:`BadResponseError`;
+* a redirect -> :class:`RedirectError` (a BadResponseError saying where it leads; none is followed);
+* an answer larger than ``max_body_bytes`` -> :class:`BodyTooLargeError` (reading stops at the cap);
 * no connection, or a connection dropped before an answer -> :class:`UnreachableError`;
-* no answer within the timeout -> :class:`GatewayTimeoutError`.
+* no whole answer within the timeout (it bounds the exchange, not each read) -> :class:`GatewayTimeoutError`.
 
 No exception text carries a request body, a header or a response body; responses are reduced to the
 envelope's message. Secrets never leave this module in the clear: :func:`sanitize_record` replaces
@@ -38,7 +40,7 @@ import httpx
 import polars as pl
 
 from gatewayscope.analysis.pools import base_url_host
-from gatewayscope.config import AuthConfig, Policy, Target
+from gatewayscope.config import DEFAULT_MAX_BODY_BYTES, AuthConfig, Policy, Target
 from gatewayscope.errors import (
     AuthError,
     BadResponseError,
@@ -50,6 +52,7 @@ from gatewayscope.errors import (
 )
 from gatewayscope.snapshot import REACHABILITY_SCHEMA, RECORDS_SCHEMA, BifrostData, frame_from_rows
 from gatewayscope.sources._gcpause import gc_paused
+from gatewayscope.sources._http import deadline_transport, exchange
 from gatewayscope.sources._tls import shared_ssl_context
 
 #: a pool write's budget (seed 002): base URL DNS check 5 s + upstream model listing 15 s + margin
@@ -311,6 +314,7 @@ class BifrostClient:
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
         auth_source: str | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -322,10 +326,12 @@ class BifrostClient:
         self.timeout = float(timeout)
         self.auth_configured = auth is not None
         self.auth_source = auth_source
+        self.max_body_bytes = max_body_bytes
         self._client = httpx.Client(
             auth=httpx.BasicAuth(*auth) if auth is not None else None,
             timeout=httpx.Timeout(self.timeout),
-            transport=transport,
+            transport=transport if transport is not None else deadline_transport(
+                verify=shared_ssl_context(), limits=httpx.Limits()),
             verify=shared_ssl_context(),
             follow_redirects=False,
             headers={"Accept": "application/json"},
@@ -356,14 +362,12 @@ class BifrostClient:
                  ok: tuple[int, ...] = ()) -> httpx.Response:
         url = self.base_url + path
         where = f"{method} {path}"
-        kwargs: dict[str, Any] = {}
-        if body is not None:
-            kwargs["json"] = body
-        if timeout is not None:
-            kwargs["timeout"] = httpx.Timeout(timeout)
         failure: SourceError | None = None
         try:
-            response = self._client.request(method, url, **kwargs)
+            # the timeout bounds the whole exchange; the answer is read up to max_body_bytes (see _http)
+            response = exchange(self._client, method, url, json_body=body,
+                                timeout=self.timeout if timeout is None else timeout,
+                                max_body_bytes=self.max_body_bytes, who=f"Bifrost at {self.base_url}", where=where)
         except httpx.TimeoutException:
             seconds = timeout if timeout is not None else self.timeout
             failure = GatewayTimeoutError(
@@ -741,7 +745,7 @@ def client_for(target: Target, *, transport: httpx.BaseTransport | None = None) 
     auth = target.auth.resolve() if target.auth is not None else None
     source = auth_source_text(target.auth) if target.auth is not None else None
     return BifrostClient(target.url, auth=auth, timeout=target.timeout_seconds, transport=transport,
-                         auth_source=source)
+                         auth_source=source, max_body_bytes=target.max_body_bytes)
 
 
 def read_bifrost(

@@ -17,18 +17,18 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import polars as pl
 
-from gatewayscope.config import Policy, Target
+from gatewayscope.config import DEFAULT_MAX_BODY_BYTES, Policy, Target
 from gatewayscope.errors import (
     BadResponseError,
     GatewayTimeoutError,
     HTTPStatusError,
     NotFoundError,
     SourceError,
+    UnaddressableSessionError,
     UnreachableError,
 )
 from gatewayscope.snapshot import (
@@ -39,6 +39,7 @@ from gatewayscope.snapshot import (
     frame_from_rows,
 )
 from gatewayscope.sources._gcpause import gc_paused
+from gatewayscope.sources._http import deadline_transport, exchange, path_segment
 from gatewayscope.sources._tls import shared_ssl_context
 
 #: session ids per ``POST /traces/query`` (and per guard check)
@@ -50,12 +51,15 @@ class RllmClient:
     """A thin client for the gateway's REST API; every error becomes a gatewayscope error."""
 
     def __init__(self, base_url: str, *, timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
-                 max_connections: int = 16) -> None:
+                 max_connections: int = 16, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.base_url = base_url.rstrip("/")
-        self._client = httpx.Client(
-            base_url=self.base_url, timeout=timeout, transport=transport, verify=shared_ssl_context(),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        self.timeout = float(timeout)
+        self.max_body_bytes = max_body_bytes
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        if transport is None:
+            transport = deadline_transport(verify=shared_ssl_context(), limits=limits)
+        self._client = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport,
+                                    verify=shared_ssl_context(), limits=limits)
 
     def close(self) -> None:
         self._client.close()
@@ -70,14 +74,16 @@ class RllmClient:
                 raw: bool = False) -> Any:
         """Send one request and return its parsed JSON, or raise a typed error with a sentence.
 
+        ``timeout`` (default the client's) bounds the whole exchange, the answer's body included, and the
+        answer is read up to the client's ``max_body_bytes`` (see :func:`~gatewayscope.sources._http.exchange`).
         With ``raw`` the answer itself is returned (its status checked, its body not parsed yet: see
         :meth:`json_of`)."""
         url = f"{self.base_url}{path}"
         try:
-            kwargs: dict[str, Any] = {"json": json_body} if json_body is not None else {}
-            if timeout is not None:
-                kwargs["timeout"] = timeout
-            response = self._client.request(method, path, **kwargs)
+            response = exchange(self._client, method, path, json_body=json_body,
+                                timeout=self.timeout if timeout is None else timeout,
+                                max_body_bytes=self.max_body_bytes, who=f"The rLLM gateway at {self.base_url}",
+                                where=f"{method} {path}")
         except httpx.TimeoutException:
             raise GatewayTimeoutError(
                 f"The rLLM gateway at {self.base_url} did not answer {method} {path} in time; "
@@ -309,7 +315,7 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
     """
     assert target.url, "an HTTP trace-store target needs a url"
     with RllmClient(target.url, timeout=target.timeout_seconds, transport=transport,
-                    max_connections=target.concurrency) as client:
+                    max_connections=target.concurrency, max_body_bytes=target.max_body_bytes) as client:
         paths = client.openapi_paths()
         capabilities = {
             "weight_version": "/admin/weight_version" in paths,
@@ -381,5 +387,23 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
 
 
 def session_path(session_id: str) -> str:
-    """The path of one session, with the id escaped so ``/`` or spaces in an id cannot change the route."""
-    return f"/sessions/{quote(session_id, safe='')}"
+    """The path of one session, the id escaped whole so no character of it can change the route.
+
+    Every character but the unreserved ones is percent-escaped, and the dot segments ``.`` and ``..`` are
+    written ``%2E`` and ``%2E%2E``: a URL keeps them (a bare ``.`` or ``..`` segment would be collapsed
+    into the path around it) and the gateway decodes them back into the id.
+
+    Raises :class:`UnaddressableSessionError` for an id holding a ``/``: the gateway decodes ``%2F`` before
+    it routes, so such an id never reaches ``/sessions/{session_id}``; the sentence says to delete it from
+    the SQLite store instead.
+
+    >>> session_path("task a:1"), session_path(".."), session_path("%2F")
+    ('/sessions/task%20a%3A1', '/sessions/%2E%2E', '/sessions/%252F')
+    """
+    if "/" in session_id:
+        raise UnaddressableSessionError(
+            f"Session {session_id!r} holds a '/', which the rLLM gateway's REST API cannot address: the gateway "
+            "decodes %2F back to '/' before it routes, so no /sessions/{session_id} request reaches this session. "
+            "Delete it from the gateway's SQLite store directly: give the target's path (its SQLite file) "
+            "instead of its url, then scan, plan and apply again.")
+    return f"/sessions/{path_segment(session_id)}"

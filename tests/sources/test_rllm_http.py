@@ -8,8 +8,15 @@ import httpx
 import pytest
 
 from gatewayscope.config import Policy, Target
-from gatewayscope.errors import BadResponseError, GatewayTimeoutError, HTTPStatusError, UnreachableError
-from gatewayscope.sources.rllm_http import KnownTraces, read_trace_store_http, session_path
+from gatewayscope.errors import (
+    BadResponseError,
+    GatewayTimeoutError,
+    HTTPStatusError,
+    SourceError,
+    UnaddressableSessionError,
+    UnreachableError,
+)
+from gatewayscope.sources.rllm_http import KnownTraces, RllmClient, read_trace_store_http, session_path
 
 NOW = 100_000.0
 TARGET = Target(name="gw", kind="rllm", url="http://gw.test:9090", concurrency=2)
@@ -146,8 +153,32 @@ def test_transport_failures_are_typed_sentences() -> None:
 
 
 def test_session_path_escapes_odd_ids() -> None:
-    assert session_path("a/b c:1") == "/sessions/a%2Fb%20c%3A1"
-    assert session_path("../admin") == "/sessions/..%2Fadmin"
+    assert session_path("b c:1?#%") == "/sessions/b%20c%3A1%3F%23%25"
+    assert session_path("...") == "/sessions/..."
+
+
+def test_a_session_id_holding_a_slash_is_refused_with_the_remedy() -> None:
+    # the gateway decodes %2F before it routes: /sessions/a%2Fb/traces reaches no route, or another session's
+    with pytest.raises(UnaddressableSessionError, match="holds a '/'.*SQLite store directly") as caught:
+        session_path("../admin")
+    assert isinstance(caught.value, SourceError) and caught.value.kind == "unaddressable"
+    with pytest.raises(UnaddressableSessionError):
+        session_path("x/traces")
+
+
+@pytest.mark.parametrize(("session_id", "raw"), [(".", b"/sessions/%2E/traces"), ("..", b"/sessions/%2E%2E/traces")])
+def test_dot_session_ids_reach_their_session(session_id: str, raw: bytes) -> None:
+    """httpx collapses a bare ``.`` or ``..`` segment (``/sessions/./traces`` becomes ``/sessions/traces``)."""
+    seen: list[tuple[str, bytes]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.raw_path))
+        return httpx.Response(200, json=[] if request.method == "GET" else {"deleted": 1})
+
+    with RllmClient("http://gw.test:9090", transport=httpx.MockTransport(handler)) as client:
+        client.request("GET", f"{session_path(session_id)}/traces")
+        client.request("DELETE", session_path(session_id))
+    assert seen == [("GET", raw), ("DELETE", raw.removesuffix(b"/traces"))]
 
 
 def test_without_openapi_the_optional_routes_are_probed_directly() -> None:
