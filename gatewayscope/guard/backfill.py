@@ -25,10 +25,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
+from gatewayscope.config import DEFAULT_MAX_BODY_BYTES
 from gatewayscope.errors import (
     BadResponseError,
     GatewayscopeError,
@@ -38,6 +38,8 @@ from gatewayscope.errors import (
     UnreachableError,
 )
 from gatewayscope.guard import sqlite as sqlite_guard
+from gatewayscope.sources._http import deadline_transport, exchange, path_segment
+from gatewayscope.sources._tls import shared_ssl_context
 from gatewayscope.sources.rllm_http import error_message
 
 #: session ids per POST to a guarded gateway
@@ -97,13 +99,22 @@ def read_ids_file(path: str | Path) -> list[str]:
 
 
 class _GuardClient:
-    """The guarded gateway's ``/guard`` routes over one httpx client, errors mapped to the family."""
+    """The guarded gateway's ``/guard`` routes over one httpx client, errors mapped to the family.
 
-    def __init__(self, base_url: str, *, timeout: float, client: httpx.Client | None) -> None:
+    Each request's timeout bounds the whole exchange and its answer is read up to ``max_body_bytes`` (see
+    :func:`gatewayscope.sources._http.exchange`)."""
+
+    def __init__(self, base_url: str, *, timeout: float, client: httpx.Client | None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.base_url = base_url.rstrip("/")
         self._own = client is None
-        self.client = client if client is not None else httpx.Client(timeout=timeout)
+        if client is None:
+            limits = httpx.Limits()
+            client = httpx.Client(timeout=timeout, verify=shared_ssl_context(), limits=limits,
+                                  transport=deadline_transport(verify=shared_ssl_context(), limits=limits))
+        self.client = client
         self.timeout = timeout
+        self.max_body_bytes = max_body_bytes
 
     def close(self) -> None:
         if self._own:
@@ -112,9 +123,12 @@ class _GuardClient:
     def request(self, method: str, path: str, *, json_body: Any = None) -> Any:
         url = f"{self.base_url}{path}"
         try:
-            response = self.client.request(method, url, json=json_body, timeout=self.timeout)
+            response = exchange(self.client, method, url, json_body=json_body, timeout=self.timeout,
+                                max_body_bytes=self.max_body_bytes, who=f"The guarded gateway at {self.base_url}",
+                                where=f"{method} {path}")
         except httpx.TimeoutException:
-            raise GatewayTimeoutError(f"{method} {url} got no answer within {self.timeout:g} s.") from None
+            raise GatewayTimeoutError(f"{method} {url} got no whole answer within {self.timeout:g} s; raise the "
+                                      "timeout if the gateway is busy, or check that it is healthy.") from None
         except httpx.TransportError as err:
             raise UnreachableError(f"Cannot reach {self.base_url} ({err}); is the gateway running?") from None
         if response.status_code >= 400:
@@ -196,7 +210,7 @@ def lift(target: str, session_id: str, *, timeout: float = DEFAULT_TIMEOUT,
     guard = _GuardClient(target, timeout=timeout, client=client)
     try:
         guard.require_guard()
-        body = guard.request("DELETE", f"/guard/tombstones/{quote(session_id, safe='')}")
+        body = guard.request("DELETE", f"/guard/tombstones/{path_segment(session_id)}")
         if not isinstance(body, dict) or not isinstance(body.get("lifted"), bool):
             raise BadResponseError(f"DELETE {guard.base_url}/guard/tombstones/... did not return "
                                    '{"lifted": true|false}.')
