@@ -10,7 +10,9 @@ Each target has one slot holding its last completed read and the read running no
   down (``source="deadline"``).
 
 Reads run in daemon threads, one per running read, so at most one thread per target is ever busy with a
-hung gateway. ``reader`` is the seam tests use; it defaults to :func:`gatewayscope.scan.read_target`,
+hung gateway, and that read ends: each of its requests, answer included, ends within the target's
+``timeout_seconds`` however slowly the gateway sends (see :mod:`gatewayscope.sources._http`).
+``reader`` is the seam tests use; it defaults to :func:`gatewayscope.scan.read_target`,
 keeping each rLLM gateway's candidate traces between reads (:class:`_DefaultReader`).
 """
 

@@ -6,8 +6,14 @@ Paths:
 * ``/probe?target=NAME``: one target (the multi-target pattern; an unknown or missing name is a 400
   that lists the configured targets; credentials stay in the config, never in the URL);
 * ``/exporter-metrics``: the exporter's own metrics only (the second job of the multi-target pattern);
-* ``/``: a landing page listing the targets with their last read and links;
+* ``/``: a landing page listing the targets with their last read and links (addresses and errors only
+  behind basic auth: see :meth:`Exporter.landing_page`);
 * ``/-/healthy``: ``OK`` while the process serves.
+
+Connections are served by at most ``max_threads`` worker threads; more wait in a queue (and, beyond
+``MAX_QUEUED_CONNECTIONS``, in the listen backlog of ``LISTEN_BACKLOG``), never refused. While connections
+wait, a worker closes its keep-alive connection after the answer it is writing, so idle clients do not
+hold the workers others wait for.
 
 Each scrape builds a fresh private :class:`CollectorRegistry` with the collectors it needs and renders
 it with :func:`render` (text 0.0.4 or OpenMetrics, as the scraper's ``Accept`` asks; gzip when
@@ -25,11 +31,12 @@ import gzip
 import hmac
 import html
 import logging
+import queue
 import socket
 import ssl
 import threading
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -49,6 +56,12 @@ SCRAPE_TIMEOUT_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
 MIN_READ_BUDGET_SECONDS = 0.05
 #: seconds a client has to finish the TLS handshake, and an idle keep-alive connection stays open
 CONNECTION_TIMEOUT_SECONDS = 30.0
+#: the listen backlog: connections the kernel holds while the accept loop waits for room in the queue
+LISTEN_BACKLOG = max(128, socket.SOMAXCONN)
+#: the most connections served at once, each by its own worker thread
+MAX_HANDLER_THREADS = 32
+#: accepted connections waiting for a worker; beyond it the accept loop waits and the backlog fills
+MAX_QUEUED_CONNECTIONS = 1024
 
 
 def render(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
@@ -124,8 +137,13 @@ class Exporter:
         registry.register(ExporterCollector(self.cache.counters))
         return registry
 
-    def landing_page(self) -> str:
-        """The HTML of ``/``: every target with its last read, and links to every path."""
+    def landing_page(self, *, detailed: bool = False) -> str:
+        """The HTML of ``/``: every target's name and whether its last read succeeded, and links to every path.
+
+        Only ``detailed`` pages (served to a request that passed the configured basic auth) show each target's
+        kind, address, read times and error: they name internal hosts and paths, and anyone who reaches an
+        exporter without basic auth could read them.
+        """
         state = self.cache.counters()
         now = self.cache.clock()
         rows = []
@@ -143,12 +161,18 @@ class Exporter:
             if entry.get("in_flight"):
                 detail += " (a read is running)"
             link = f"/probe?target={quote(target.name, safe='')}"
-            rows.append(
-                f"<tr><td><a href=\"{html.escape(link)}\">{html.escape(target.name)}</a></td>"
-                f"<td>{html.escape(target.kind)}</td><td>{html.escape(target.address)}</td>"
-                f"<td>{html.escape(status)}</td><td>{html.escape(detail)}</td></tr>"
-            )
-        table = "\n".join(rows) or "<tr><td colspan=\"5\">no targets configured</td></tr>"
+            cells = [f"<a href=\"{html.escape(link)}\">{html.escape(target.name)}</a>"]
+            if detailed:
+                cells += [html.escape(target.kind), html.escape(target.address), html.escape(status),
+                          html.escape(detail)]
+            else:
+                cells.append(html.escape(status))
+            rows.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
+        columns = ("target", "kind", "address", "last read", "detail") if detailed else ("target", "last read")
+        table = "\n".join(rows) or f"<tr><td colspan=\"{len(columns)}\">no targets configured</td></tr>"
+        header = "".join(f"<th>{name}</th>" for name in columns)
+        note = "" if detailed else ("<p>Addresses and errors are shown only when the exporter requires basic "
+                                    "auth (basic_auth_username in its [exporter] table).</p>\n")
         settings = self.settings
         return (
             "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>gatewayscope exporter</title></head>\n"
@@ -158,8 +182,8 @@ class Exporter:
             "/probe?target=NAME: one target (the multi-target pattern).</p>\n"
             f"<p>Each target is read at most once every {settings.min_interval_seconds:g} s "
             "(min_interval_seconds); scrapes in between get its last read.</p>\n"
-            "<table border=\"1\" cellpadding=\"4\">\n"
-            "<tr><th>target</th><th>kind</th><th>address</th><th>last read</th><th>detail</th></tr>\n"
+            f"{note}<table border=\"1\" cellpadding=\"4\">\n"
+            f"<tr>{header}</tr>\n"
             f"{table}\n</table>\n</body></html>\n"
         )
 
@@ -175,6 +199,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
+
+    def handle(self) -> None:
+        """Serve the connection's requests; while other connections wait for a worker, close it after this
+        answer instead of keeping it alive (an idle keep-alive client would hold the worker)."""
+        self.close_connection = True
+        self.handle_one_request()
+        while not self.close_connection:
+            if self.server.connections_waiting():
+                self.close_connection = True
+                break
+            self.handle_one_request()
 
     def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
         encoding = self.headers.get("Accept-Encoding", "") or ""
@@ -230,7 +265,9 @@ class _Handler(BaseHTTPRequestHandler):
             elif parts.path == "/exporter-metrics":
                 self._registry(exporter.self_registry())
             elif parts.path == "/":
-                self._send(200, exporter.landing_page().encode(), "text/html; charset=utf-8")
+                # every request got past _authorized: with basic auth configured, this one carried it
+                page = exporter.landing_page(detailed=self.server.basic_auth is not None)
+                self._send(200, page.encode(), "text/html; charset=utf-8")
             elif parts.path == "/-/healthy":
                 self._text(200, "OK\n")
             else:
@@ -262,21 +299,111 @@ class _Handler(BaseHTTPRequestHandler):
         self._registry(exporter.probe_registry(target, budget))
 
 
-class ExporterServer(ThreadingHTTPServer):
-    """A threading HTTP(S) server for one :class:`Exporter`. ``start()`` serves in a background thread."""
+class ExporterServer(HTTPServer):
+    """An HTTP(S) server for one :class:`Exporter`, its connections served by a bounded pool of worker threads.
 
-    daemon_threads = True
+    At most ``max_threads`` connections are served at once, each by one daemon worker thread (started when
+    needed, kept for the next connection). Accepted connections beyond them wait in a queue; when
+    ``max_queued`` wait, the accept loop waits too and new connections wait in the listen backlog. None is
+    refused. ``start()`` serves in a background thread.
+    """
+
     allow_reuse_address = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, exporter: Exporter, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
-                 basic_auth: tuple[str, str] | None = None) -> None:
+                 basic_auth: tuple[str, str] | None = None, max_threads: int = MAX_HANDLER_THREADS,
+                 max_queued: int = MAX_QUEUED_CONNECTIONS) -> None:
+        if max_threads < 1 or max_queued < 0:
+            raise ValueError("max_threads must be at least 1 and max_queued at least 0")
         self.exporter = exporter
         self.ssl_context = ssl_context
         self.basic_auth = basic_auth
+        self.max_threads = max_threads
         if ":" in host:
             self.address_family = socket.AF_INET6
+        #: a place for every connection served or waiting; the accept loop takes one before it queues
+        self._places = threading.BoundedSemaphore(max_threads + max_queued)
+        self._connections: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
+        self._pool_lock = threading.Lock()
+        self._workers = 0  # worker threads alive
+        self._idle = 0  # workers waiting for a connection
+        self._waiting = 0  # connections queued, not yet taken by a worker
+        self._closing = threading.Event()
         super().__init__((host, port), _Handler)
         self._thread: threading.Thread | None = None
+
+    # -- the worker pool ---------------------------------------------------------------------------
+
+    def connections_waiting(self) -> bool:
+        """Whether accepted connections are waiting for a worker."""
+        with self._pool_lock:
+            return self._waiting > 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Queue the connection for a worker, starting one when every live worker is busy and there is room."""
+        while not self._places.acquire(timeout=0.2):
+            if self._closing.is_set():
+                self.shutdown_request(request)
+                return
+        with self._pool_lock:
+            self._waiting += 1
+            start = self._waiting > self._idle and self._workers < self.max_threads
+            if start:
+                self._workers += 1
+        self._connections.put((request, client_address))
+        if start:
+            try:
+                threading.Thread(target=self._work, name="gatewayscope-exporter-conn", daemon=True).start()
+            except RuntimeError:  # no thread to be had: the live workers take the connection in turn
+                log.warning("could not start an exporter worker thread; %d serve the queue", self._workers - 1)
+                with self._pool_lock:
+                    self._workers -= 1
+
+    def _work(self) -> None:
+        """A worker: serve queued connections one after another until the server closes."""
+        while True:
+            with self._pool_lock:
+                self._idle += 1
+            item = self._connections.get()
+            with self._pool_lock:
+                self._idle -= 1
+                if item is None:
+                    self._workers -= 1
+                    return
+                self._waiting -= 1
+            request, client_address = item
+            try:
+                self.finish_request(request, client_address)
+            except Exception:
+                self.handle_error(request, client_address)
+            finally:
+                self.shutdown_request(request)
+                self._places.release()
+
+    def shutdown(self) -> None:
+        """Stop the accept loop (one waiting for a place in the queue gives up and closes its connection)."""
+        self._closing.set()
+        super().shutdown()
+
+    def server_close(self) -> None:
+        """Close the socket, drop the connections still waiting, and let every worker end after its own."""
+        self._closing.set()
+        super().server_close()
+        while True:
+            try:
+                item = self._connections.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                with self._pool_lock:
+                    self._waiting -= 1
+                self.shutdown_request(item[0])
+                self._places.release()
+        with self._pool_lock:
+            workers = self._workers
+        for _ in range(workers):
+            self._connections.put(None)
 
     @property
     def port(self) -> int:

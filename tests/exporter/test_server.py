@@ -6,6 +6,7 @@ would hold a read for far longer than the client waits) and by the exporter's ow
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from gatewayscope.errors import ConfigError
 from gatewayscope.exporter.server import ExporterServer, make_server
 from gatewayscope.exporter.settings import ExporterSettings
 from gatewayscope.sandbox.processes import free_port
+from tests.hostile import drip_body, hostile
 
 NOW = time.time()
 SESSIONS = [
@@ -406,12 +408,40 @@ def test_landing_page(gateways: dict[str, str], serve: Callable[..., ExporterSer
         assert f'href="/probe?target={name}"' in page.text
     assert 'href="/metrics"' in page.text and 'href="/exporter-metrics"' in page.text
     scrape(server.url)
-    rows = {re.search(r"target=([^\"]+)", row).group(1): row  # type: ignore[union-attr]
-            for row in re.findall(r"<tr>.*?</tr>", scrape(server.url, "/").text) if "/probe?target=" in row}
-    assert "<td>up</td>" in rows["good"] and gateways["good"] in rows["good"]
-    assert "<td>down</td>" in rows["down"] and "Cannot reach the rLLM gateway" in rows["down"]
+    rows = landing_rows(scrape(server.url, "/").text)
+    assert "<td>up</td>" in rows["good"] and "<td>down</td>" in rows["down"]
     assert scrape(server.url, "/-/healthy").text == "OK\n"
     assert scrape(server.url, "/nope").status_code == 404
+
+
+def landing_rows(page: str) -> dict[str, str]:
+    """The landing page's table rows by target name."""
+    return {re.search(r"target=([^\"]+)", row).group(1): row  # type: ignore[union-attr]
+            for row in re.findall(r"<tr>.*?</tr>", page) if "/probe?target=" in row}
+
+
+def test_landing_page_shows_addresses_and_errors_only_behind_basic_auth(
+        gateways: dict[str, str], serve: Callable[..., ExporterServer], monkeypatch: pytest.MonkeyPatch) -> None:
+    urls = {"good": gateways["good"], "down": gateways["down"]}
+    open_server = serve(*config_for(urls))
+    scrape(open_server.url)
+    page = scrape(open_server.url, "/").text
+    rows = landing_rows(page)
+    assert "<td>up</td>" in rows["good"] and "<td>down</td>" in rows["down"]
+    for url in urls.values():
+        assert url not in page and url.split("//")[1] not in page
+    assert "Cannot reach" not in page and "127.0.0.1" not in page
+    assert "only when the exporter requires basic auth" in page
+
+    monkeypatch.setenv("GS_TEST_EXPORTER_PASSWORD", "s3cret-pw")
+    guarded = serve(*config_for(urls, basic_auth_username="prometheus",
+                                basic_auth_password_env="GS_TEST_EXPORTER_PASSWORD"))
+    scrape(guarded.url, auth=("prometheus", "s3cret-pw"))
+    refused = scrape(guarded.url, "/")
+    assert refused.status_code == 401 and urls["good"] not in refused.text
+    rows = landing_rows(scrape(guarded.url, "/", auth=("prometheus", "s3cret-pw")).text)
+    assert "<td>up</td>" in rows["good"] and urls["good"] in rows["good"]
+    assert "<td>down</td>" in rows["down"] and "Cannot reach the rLLM gateway" in rows["down"]
 
 
 def test_openmetrics_and_gzip(gateways: dict[str, str], serve: Callable[..., ExporterServer]) -> None:
@@ -511,3 +541,83 @@ def test_connections_are_served_without_nagle(monkeypatch: pytest.MonkeyPatch,
         answers = [client.get(server.url + "/exporter-metrics") for _ in range(3)]
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert seen and all(seen)
+
+
+# -- hostile targets and many clients ------------------------------------------------------------------
+
+def read_threads(name: str) -> int:
+    return sum(1 for thread in threading.enumerate() if thread.name == f"gatewayscope-export-{name}")
+
+
+@pytest.mark.timeout(120)
+def test_a_dripping_target_is_down_within_the_deadline_and_its_read_ends(
+        serve: Callable[..., ExporterServer]) -> None:
+    """A target that sends one byte every half second never trips a per-read timeout; its read still ends
+    at the target's timeout, each scrape answers up 0 for it, and no scrape adds a thread for it."""
+    with hostile(drip_body()) as drip:
+        config = Config(targets=[Target(name="drip", kind="rllm", url=drip.url, timeout_seconds=1.0)],
+                        policy=Policy())
+        server = serve(config, ExporterSettings(listen="127.0.0.1:0", min_interval_seconds=0))
+        threads = []
+        for _ in range(3):
+            found = parse(scrape(server.url, timeout_header="3").text)
+            assert get(found, "gatewayscope_up", target="drip", kind="rllm") == 0
+            threads.append(read_threads("drip"))
+        assert server.exporter.cache.wait_idle(timeout=CLIENT_TIMEOUT), "the dripping read never ended"
+        last = server.exporter.cache.counters()["drip"]["last"]
+        assert last.snapshot.error_kind == "timeout" and "in time" in (last.snapshot.error or "")
+        assert max(threads) <= 1 and read_threads("drip") == 0
+
+
+@pytest.mark.timeout(180)
+def test_two_hundred_connections_at_once_are_all_served_by_a_bounded_pool(
+        serve: Callable[..., ExporterServer]) -> None:
+    clients = 200
+    server = serve(Config(targets=[], policy=Policy()), ExporterSettings(listen="127.0.0.1:0"))
+    assert server.request_queue_size >= 128
+    bound = server.max_threads
+    assert bound < clients
+    baseline = {thread.ident for thread in threading.enumerate()}
+    done = threading.Event()
+    peak = [0]
+
+    def monitor() -> None:  # the server's threads started since the baseline, sampled until the clients end
+        while not done.wait(0.005):
+            extra = [t for t in threading.enumerate()
+                     if t.ident not in baseline and not t.name.startswith(("hammer-", "monitor"))]
+            peak[0] = max(peak[0], len(extra))
+
+    all_connected = threading.Barrier(clients, timeout=60)
+    statuses: list[int] = []
+    errors: list[BaseException] = []
+
+    def hammer() -> None:
+        # every client connects first and asks only once all are connected: they are open at once
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+        try:
+            conn.connect()
+            all_connected.wait()
+            conn.request("GET", "/-/healthy")
+            response = conn.getresponse()
+            response.read()
+            statuses.append(response.status)
+        except BaseException as err:
+            errors.append(err)
+        finally:
+            conn.close()
+
+    watcher = threading.Thread(target=monitor, name="monitor", daemon=True)
+    watcher.start()
+    workers = [threading.Thread(target=hammer, name=f"hammer-{i}", daemon=True) for i in range(clients)]
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(150)
+    finally:
+        done.set()
+        watcher.join(10)
+    assert not any(worker.is_alive() for worker in workers)
+    assert not errors, errors[:3]
+    assert statuses == [200] * clients
+    assert 0 < peak[0] <= bound, f"{peak[0]} server threads at once; the bound is {bound}"
