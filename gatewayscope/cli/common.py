@@ -21,7 +21,10 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--bifrost", action="append", default=[], metavar="URL",
                        help="a Bifrost management API URL, no auth (repeatable; use --config for auth)")
     group.add_argument("--timeout", type=float, metavar="SECONDS",
-                       help="per-request timeout for every target (overrides timeout_seconds)")
+                       help="seconds each request to a target may take in all, its answer included "
+                            "(overrides timeout_seconds)")
+    group.add_argument("--max-body-bytes", type=int, metavar="BYTES",
+                       help="the largest answer read from any target (overrides max_body_bytes; default 512 MiB)")
     group.add_argument("--orphan-idle-seconds", type=float, metavar="SECONDS",
                        help="a one-trace session idle longer than this is a suspected orphan (default 7200)")
     group.add_argument("--max-weight-lag", type=int, metavar="N",
@@ -44,6 +47,7 @@ def config_from_args(args: argparse.Namespace, *, require_targets: bool = True) 
         trace_stores=args.trace_store,
         bifrost_urls=args.bifrost,
         timeout_seconds=args.timeout,
+        max_body_bytes=args.max_body_bytes,
         orphan_idle_seconds=args.orphan_idle_seconds,
         max_weight_lag=args.max_weight_lag,
     )

@@ -285,7 +285,7 @@ class _Context:
                 assert target.url
                 self._clients[name] = self.stack.enter_context(RllmClient(
                     target.url, timeout=target.timeout_seconds, transport=self.transports.get(name),
-                    max_connections=max(4, self.options.concurrency)))
+                    max_connections=max(4, self.options.concurrency), max_body_bytes=target.max_body_bytes))
             return self._clients[name]
 
     def delete_turn(self, target: str) -> AbstractContextManager[None]:
