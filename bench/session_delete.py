@@ -78,16 +78,18 @@ def _child_plan(url: str, ids_path: str, out: str) -> dict[str, Any]:
     return {"actions": len(plan.actions), "warnings": plan.warnings}
 
 
-def _child_ours(url: str, plan_path: str, journal_path: str) -> dict[str, Any]:
+def _child_ours(url: str, plan_path: str, journal_path: str, ids_path: str) -> dict[str, Any]:
     from gatewayscope.remediate.apply import ApplyOptions, apply_plan
     from gatewayscope.remediate.journal import Journal
     from gatewayscope.remediate.plan import load_plan
 
     plan = load_plan(plan_path)
+    with open(ids_path, encoding="utf-8") as handle:
+        deleted = json.load(handle)  # the evidence the plan confirmed them with: apply re-checks it
     rate = os.environ.get(RATE_ENV)  # a comparison run at a fixed pace (e.g. the former default, 20)
     options = ApplyOptions(yes=True, allow_delete=True, rate=float(rate) if rate else None)
     start = time.monotonic()
-    report = apply_plan(plan, _config(url), options=options, journal=Journal(journal_path))
+    report = apply_plan(plan, _config(url), options=options, journal=Journal(journal_path), deleted_ids=deleted)
     seconds = time.monotonic() - start
     return {"seconds": seconds, "start": start, "end": start + seconds, "peak_rss": peak_rss_bytes(),
             "tally": report.tally()}
@@ -96,10 +98,10 @@ def _child_ours(url: str, plan_path: str, journal_path: str) -> dict[str, Any]:
 def child_main(argv: Sequence[str]) -> int:
     if len(argv) == 4 and argv[0] == "plan":
         emit(_child_plan(argv[1], argv[2], argv[3]))
-    elif len(argv) == 4 and argv[0] == "ours":
-        emit(_child_ours(argv[1], argv[2], argv[3]))
+    elif len(argv) == 5 and argv[0] == "ours":
+        emit(_child_ours(argv[1], argv[2], argv[3], argv[4]))
     else:
-        print("usage: python -m bench.session_delete plan URL IDS OUT | ours URL PLAN JOURNAL", file=sys.stderr)
+        print("usage: python -m bench.session_delete plan URL IDS OUT | ours URL PLAN JOURNAL IDS", file=sys.stderr)
         return 2
     return 0
 
@@ -177,10 +179,12 @@ def orphan_session_delete(ctx: BenchContext) -> BenchResult:
                 raise BenchError(f"the plan has {planned['actions']} deletes, not {len(ours_ids)}")
             warnings = planned["warnings"]
 
-            def ours(pair: int = pair, plan_path: str = plan_path, n: int = len(ours_ids)) -> None:
+            def ours(pair: int = pair, plan_path: str = plan_path, n: int = len(ours_ids),
+                     ids_path: str = ids_path) -> None:
                 started = probes()
                 time.sleep(1.0)  # the probes' first calls
-                result = run_child(MODULE, "ours", gateway.url, plan_path, os.path.join(tmp, f"journal-{pair}"))
+                result = run_child(MODULE, "ours", gateway.url, plan_path, os.path.join(tmp, f"journal-{pair}"),
+                                   ids_path)
                 collect(started, "ours", (result["start"], result["end"]))
                 if result["tally"]["done"] != n:
                     raise BenchError(f"apply did not delete every orphan: {result['tally']}")

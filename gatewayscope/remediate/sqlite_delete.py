@@ -66,7 +66,7 @@ def yield_seconds(held: float) -> float:
     for it meanwhile (and so has waited at most ``held``) makes its next busy-handler try first.
 
     >>> round(yield_seconds(0.005), 3), round(yield_seconds(0.04), 3), round(yield_seconds(5.0), 3)
-    (0.012, 0.027, 0.102)
+    (0.007, 0.022, 0.102)
     """
     waited_ms = 0.0
     for sleep_ms in BUSY_HANDLER_SLEEPS_MS:
