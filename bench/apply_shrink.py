@@ -6,7 +6,7 @@ What it measures, in one run:
   the 1,000-worker default (and the seed's one unbuildable record), and its own ``slow`` fault armed on
   every provider and config route: each call waits 50 ms, then is answered. A fresh emulator per run;
 * the plan: ``build_plan(..., only=["pool_shrink"])`` from a real scan (not timed): 2,000 actions;
-* ours, in a fresh child: ``apply_plan(plan, config, options=ApplyOptions(yes=True, concurrency=16),
+* ours, in a fresh child: ``apply_plan(plan, config, options=ApplyOptions(write=True, concurrency=16),
   journal=...)``: the whole safety protocol (re-read each record, check its fingerprint, build the PUT
   from the fresh read, journal every attempt and outcome with fsync). Every action must end ``done``;
 * baseline: the ideal, calls x latency / concurrency, where calls counts the reads and writes apply
@@ -79,7 +79,7 @@ def _child_ours(url: str, plan_path: str, journal_path: str, concurrency: int) -
     config = _config(url)
     start = time.monotonic()
     cpu = time.process_time()
-    report = apply_plan(plan, config, options=ApplyOptions(yes=True, concurrency=concurrency),
+    report = apply_plan(plan, config, options=ApplyOptions(write=True, concurrency=concurrency),
                         journal=Journal(journal_path))
     seconds = time.monotonic() - start
     return {"seconds": seconds, "cpu": time.process_time() - cpu, "peak_rss": peak_rss_bytes(),

@@ -87,7 +87,7 @@ def _child_ours(url: str, plan_path: str, journal_path: str, ids_path: str) -> d
     with open(ids_path, encoding="utf-8") as handle:
         deleted = json.load(handle)  # the evidence the plan confirmed them with: apply re-checks it
     rate = os.environ.get(RATE_ENV)  # a comparison run at a fixed pace (e.g. the former default, 20)
-    options = ApplyOptions(yes=True, allow_delete=True, rate=float(rate) if rate else None)
+    options = ApplyOptions(write=True, allow_delete=True, rate=float(rate) if rate else None)
     start = time.monotonic()
     report = apply_plan(plan, _config(url), options=options, journal=Journal(journal_path), deleted_ids=deleted)
     seconds = time.monotonic() - start

@@ -154,7 +154,7 @@ def run_apply(args: argparse.Namespace) -> int:
     config = config_for_plan(plan, args.config)
     journal_path = Path(args.journal) if args.journal else Path(args.plan).with_suffix(".journal.jsonl")
     journal = Journal(journal_path)
-    options = ApplyOptions(yes=args.yes, allow_delete=args.allow_delete, concurrency=args.concurrency,
+    options = ApplyOptions(write=args.yes, allow_delete=args.allow_delete, concurrency=args.concurrency,
                            rate=args.rate, max_errors=args.max_errors)
     from tqdm import tqdm
 

@@ -800,7 +800,7 @@ class PlanController:
     def _run(self, plan: Plan, options: ApplyOptions, journal: Journal | None,
              on_result: Callable[[ActionResult], None] | None) -> ApplyReport:
         settled = len(journal.outcomes(plan.id)) if journal is not None else 0
-        self.progress = Progress(total=len(plan.actions), settled=settled, dry_run=not options.yes, running=True)
+        self.progress = Progress(total=len(plan.actions), settled=settled, dry_run=not options.write, running=True)
         for callback in list(self._progress_listeners):
             callback(replace(self.progress))
         try:
@@ -821,7 +821,7 @@ class PlanController:
         """Re-read every selected subject and say what would be written; writes nothing, journals nothing."""
         plan = self.selected_plan()
         self._check_targets(plan)
-        options = replace(self.apply_options, yes=False, allow_delete=False)
+        options = replace(self.apply_options, write=False, allow_delete=False)
         return self._run(plan, options, self._journal(), on_result)
 
     def apply(self, confirmation: str, delete_confirmation: str | None = None, *,
@@ -849,7 +849,7 @@ class PlanController:
             journal.append("selection", plan_id=plan.id, parent_plan_id=parent.id,
                            actions=[a.id for a in plan.actions], plan_file=str(self.applied_plan_path))
         self.applied_plan = plan
-        options = replace(self.apply_options, yes=True, allow_delete=allow_delete)
+        options = replace(self.apply_options, write=True, allow_delete=allow_delete)
         return self._run(plan, options, journal, on_result)
 
     # -- outcome ---------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 The only code in gatewayscope that writes to a gateway. For every action it:
 
-1. runs only with explicit confirmation (``ApplyOptions.yes``; deletes also need ``allow_delete``);
+1. runs only with explicit confirmation (``ApplyOptions.write``; deletes also need ``allow_delete``);
    otherwise it is a dry run that reads but never writes;
 2. re-reads the subject right before writing: gone -> ``gone`` (a Bifrost PUT is an upsert and would
    recreate it), already at the target -> ``already-done``, changed in anything but what the action
@@ -66,7 +66,8 @@ POOL_WRITE_FIELDS = ("network_config", "custom_provider_config", "send_back_raw_
 
 @dataclass
 class ApplyOptions:
-    yes: bool = False
+    #: really write (False: a dry run that reads but never writes)
+    write: bool = False
     allow_delete: bool = False
     concurrency: int = 4
     #: writes per second over the whole apply (None = no limit; session deletes then keep to DELETE_DUTY)
@@ -404,7 +405,7 @@ def _shrink(ctx: _Context, action: Action, result: ActionResult) -> None:
         return record
 
     record = fresh()
-    if not ctx.options.yes:
+    if not ctx.options.write:
         raise _Settled("would-write", f"{_concurrency(record)} -> {target_pool} workers")
 
     def send() -> str:
@@ -448,7 +449,7 @@ def _record_delete(ctx: _Context, action: Action, result: ActionResult) -> None:
         return record
 
     fresh()
-    if not ctx.options.yes:
+    if not ctx.options.write:
         raise _Settled("would-write", "DELETE")
 
     def send() -> str:
@@ -483,7 +484,7 @@ def _posture(ctx: _Context, action: Action, result: ActionResult) -> None:
         return client_config
 
     client_config = fresh()
-    if not ctx.options.yes:
+    if not ctx.options.write:
         raise _Settled("would-write", ", ".join(f"{s} -> {action.after[s]}" for s in settings))
 
     def send() -> str:
@@ -510,7 +511,7 @@ def _backfill(ctx: _Context, action: Action, result: ActionResult) -> None:
 
     target = ctx.target(action.target)
     ids = list(action.after.get("session_ids") or [])
-    if not ctx.options.yes:
+    if not ctx.options.write:
         raise _Settled("would-write", f"{len(ids)} tombstone(s)")
     result.sends += 1
     ctx.attempt(action, result.sends, f"tombstones for {len(ids)} id(s)")
@@ -647,7 +648,7 @@ def _session_delete(ctx: _Context, action: Action, result: ActionResult) -> None
     verdict = _recheck(ctx, action, _session_state_http(ctx, action))
     if verdict is not None:
         raise verdict
-    if not ctx.options.yes:
+    if not ctx.options.write:
         raise _Settled("would-write", "DELETE session")
 
     def send() -> str:
@@ -707,7 +708,7 @@ def _session_delete_batch(ctx: _Context, actions: list[Action]) -> list[ActionRe
         return remaining
 
     live = [a for a, _ in still_orphans(actions, None)]
-    if not ctx.options.yes:
+    if not ctx.options.write:
         for action in live:
             settle(action, _Settled("would-write", "DELETE session (batch)"))
         return [results[a.id] for a in actions]
@@ -769,14 +770,14 @@ def _session_deletes_sqlite(ctx: _Context, actions: list[Action], *, on_settled:
         return _recheck(ctx, action, state)
 
     try:
-        deleter = SessionDeleter(target.path, busy_timeout=target.timeout_seconds, readonly=not ctx.options.yes)
+        deleter = SessionDeleter(target.path, busy_timeout=target.timeout_seconds, readonly=not ctx.options.write)
         deleter.__enter__()
     except StoreError as err:
         for action in actions:
             settle(action, "unconfirmed", f"nothing sent: {err}", 0)
         return results
     try:
-        if not ctx.options.yes:
+        if not ctx.options.write:
             for action in actions:
                 try:
                     verdict = decide(action, deleter.read_state(action.subject))
@@ -855,7 +856,7 @@ def _run_action(ctx: _Context, action: Action) -> ActionResult:
 
 
 def _journal_outcome(ctx: _Context, action: Action, result: ActionResult) -> None:
-    if ctx.journal is not None and ctx.options.yes and result.outcome in OUTCOMES:
+    if ctx.journal is not None and ctx.options.write and result.outcome in OUTCOMES:
         ctx.journal.append("outcome", plan_id=ctx.plan.id, action_id=action.id, kind=action.kind,
                            target=action.target, subject=action.subject, outcome=result.outcome,
                            detail=result.detail, sends=result.sends)
@@ -871,18 +872,18 @@ def apply_plan(
     on_result: Callable[[ActionResult], None] | None = None,
     deleted_ids: Collection[str] = (),
 ) -> ApplyReport:
-    """Apply ``plan`` (a dry run unless ``options.yes``). ``on_result`` is called after each action (progress).
+    """Apply ``plan`` (a dry run unless ``options.write``). ``on_result`` is called after each action (progress).
 
     ``deleted_ids``: session ids the caller knows were deleted before (as ``build_plan`` took them); with
     the journals a plan names, they are the only "deleted before" evidence apply accepts, never the plan's
     word alone.
     """
     options = options or ApplyOptions()
-    if options.yes and journal is None:
+    if options.write and journal is None:
         raise PlanError("A real apply needs a journal (every attempt and outcome is recorded).")
     if options.concurrency < 1:
         raise PlanError("--concurrency must be at least 1.")
-    report = ApplyReport(plan_id=plan.id, dry_run=not options.yes)
+    report = ApplyReport(plan_id=plan.id, dry_run=not options.write)
     subjects = [(a.target, a.subject) for a in plan.actions]
     if len(set(subjects)) != len(subjects):
         raise PlanError("The plan has two actions on one subject; it is not a plan gatewayscope made.")
@@ -896,7 +897,7 @@ def apply_plan(
                             "with the config it was planned with (--config).")
 
     # the lock comes before the journal is read: two applies must not both find an action unsettled
-    with apply_lock(journal, plan.id) if journal is not None and options.yes else nullcontext():
+    with apply_lock(journal, plan.id) if journal is not None and options.write else nullcontext():
         return _apply_locked(plan, config, options, journal, transports or {}, on_result, report,
                              frozenset(deleted_ids))
 
@@ -919,7 +920,7 @@ def _apply_locked(plan: Plan, config: Config, options: ApplyOptions, journal: Jo
         return report
 
     ctx = _Context(plan, config, options, journal, transports, deleted_ids)
-    if journal is not None and options.yes:
+    if journal is not None and options.write:
         journal.append("apply-start", plan_id=plan.id, actions=len(pending), resumed=len(report.previous),
                        allow_delete=options.allow_delete)
     errors = 0
@@ -937,7 +938,7 @@ def _apply_locked(plan: Plan, config: Config, options: ApplyOptions, journal: Jo
         if action.kind == "session_delete" and action.target in unguarded_deletes:
             return ActionResult(action.id, action.kind, action.target, action.subject, "skipped",
                                 "its target's tombstones were not recorded first; not deleted")
-        if action.destructive and options.yes and not options.allow_delete:
+        if action.destructive and options.write and not options.allow_delete:
             return ActionResult(action.id, action.kind, action.target, action.subject, "skipped",
                                 "a delete: needs --allow-delete")
         return None
@@ -1009,7 +1010,7 @@ def _apply_locked(plan: Plan, config: Config, options: ApplyOptions, journal: Jo
                     unguarded_deletes.update(r.target for r in results if r.outcome not in SUCCESS_OUTCOMES
                                              and r.outcome != "would-write")
     finally:
-        if journal is not None and options.yes:
+        if journal is not None and options.write:
             journal.append("apply-end", plan_id=plan.id, tally=report.tally(),
                            skipped=len(report.skipped), stopped_early=report.stopped_early)
     order = {a.id: i for i, a in enumerate(plan.actions)}

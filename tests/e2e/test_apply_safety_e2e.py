@@ -105,7 +105,7 @@ def test_the_guarded_launcher_deletes_orphans_by_compare_and_delete_and_keeps_a_
             wait_for("the revived session's second trace", lambda: gateway_sessions(gateway.url),
                      lambda s: s.get(revived) == 2)
 
-    report = apply_plan(plan, config, options=ApplyOptions(yes=True, allow_delete=True, rate=2.0, concurrency=1,
+    report = apply_plan(plan, config, options=ApplyOptions(write=True, allow_delete=True, rate=2.0, concurrency=1,
                                                            sleep=sleep), journal=Journal(tmp_path / "j.jsonl"))
     outcomes = {r.subject: r.outcome for r in report.results if r.kind == "session_delete"}
     assert chatted

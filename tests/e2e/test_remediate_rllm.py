@@ -96,7 +96,7 @@ def test_guarded_gateway_orphans_are_tombstoned_before_they_are_deleted(guarded_
     assert not any("no tombstone guard" in w for w in plan.warnings)
 
     journal = tmp_path / "journal.jsonl"
-    report = apply_plan(plan, config, options=ApplyOptions(yes=True, allow_delete=True), journal=Journal(journal))
+    report = apply_plan(plan, config, options=ApplyOptions(write=True, allow_delete=True), journal=Journal(journal))
 
     assert report.tally_line() == f"{N_STRAGGLERS + 1} done, {TAIL}"
     journal_order_ok(journal)
@@ -109,7 +109,7 @@ def test_guarded_gateway_orphans_are_tombstoned_before_they_are_deleted(guarded_
     assert guard_status(url)["tombstones"] == CAP
 
     # single use: a second apply does nothing
-    again = apply_plan(plan, config, options=ApplyOptions(yes=True, allow_delete=True), journal=Journal(journal))
+    again = apply_plan(plan, config, options=ApplyOptions(write=True, allow_delete=True), journal=Journal(journal))
     assert again.already_applied and again.results == []
     assert sessions(url) == after
 
@@ -137,7 +137,7 @@ def test_unguarded_sqlite_store_orphans_are_deleted_in_the_file(rllm_gateway: An
                                                                  sorted(run.straggler_uids)]
     assert any(w.endswith(f"to stop that: gatewayscope guard install {db}.") for w in plan.warnings)
 
-    report = apply_plan(plan, config, options=ApplyOptions(yes=True, allow_delete=True),
+    report = apply_plan(plan, config, options=ApplyOptions(write=True, allow_delete=True),
                         journal=Journal(tmp_path / "journal.jsonl"), deleted_ids=run.deleted_uids)
 
     assert report.tally_line() == f"3 done, {TAIL}"

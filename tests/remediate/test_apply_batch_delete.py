@@ -72,7 +72,7 @@ def plan_for(sessions: dict[str, list[str]]) -> Plan:
 
 def run(gateway: FakeGateway, plan: Plan, tmp_path: Path, waits: list[float] | None = None):
     config = Config(targets=[Target(name="gw", kind="rllm", url=URL)], policy=Policy())
-    options = ApplyOptions(yes=True, allow_delete=True, rate=1e9,
+    options = ApplyOptions(write=True, allow_delete=True, rate=1e9,
                            sleep=(waits.append if waits is not None else (lambda _s: None)))
     return apply_plan(plan, config, options=options, journal=Journal(tmp_path / "j.jsonl"),
                       transports={"gw": httpx.MockTransport(gateway.handler)})

@@ -60,7 +60,7 @@ def make_plan(emu: BifrostEmulator, **kwargs: Any) -> tuple[Plan, Config]:
 def run(plan: Plan, config: Config, tmp_path: Path, **options: Any) -> ApplyReport:
     """A real apply with a journal of its own (no waits: none of these tests meets a 5xx)."""
     journal = tmp_path / f"journal-{len(list(tmp_path.glob('journal-*')))}.jsonl"
-    return apply_plan(plan, config, options=ApplyOptions(yes=True, sleep=lambda _s: None, **options),
+    return apply_plan(plan, config, options=ApplyOptions(write=True, sleep=lambda _s: None, **options),
                       journal=Journal(journal))
 
 

@@ -98,7 +98,7 @@ def plan_for(gateway: Gateway) -> Plan:
 
 def run(gateway: Gateway, tmp_path: Path, **options: Any) -> Any:
     config = Config(targets=[Target(name="gw", kind="rllm", url=URL)], policy=Policy())
-    return apply_plan(plan_for(gateway), config, options=ApplyOptions(yes=True, allow_delete=True, **options),
+    return apply_plan(plan_for(gateway), config, options=ApplyOptions(write=True, allow_delete=True, **options),
                       journal=Journal(tmp_path / "j.jsonl"), transports={"gw": httpx.MockTransport(gateway.handler)})
 
 

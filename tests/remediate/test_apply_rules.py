@@ -140,7 +140,7 @@ class Waits:
 def run(plan: Plan, config: Config, journal_path: Path, **options: Any) -> tuple[ApplyReport, Waits]:
     waits = options.pop("sleep", None) or Waits()
     deleted_ids = options.pop("deleted_ids", ())
-    options.setdefault("yes", True)
+    options.setdefault("write", True)
     report = apply_plan(plan, config, options=ApplyOptions(sleep=waits, **options), journal=Journal(journal_path),
                         deleted_ids=deleted_ids)
     return report, waits
@@ -191,7 +191,7 @@ def journal_events(path: Path) -> list[dict[str, Any]]:
 
 def test_rule1_dry_run_is_the_default_and_sends_no_write(emu: BifrostEmulator, tmp_path: Path) -> None:
     """Rule 1. Without ``yes`` apply reads every subject and writes nothing (no PUT, POST or DELETE on the
-    wire, no journal line, the store and its pools unchanged). Catches: the ``if not options.yes`` guard in
+    wire, no journal line, the store and its pools unchanged). Catches: the ``if not options.write`` guard in
     any executor removed, or a dry run journaling outcomes that would make the plan 'already applied'."""
     plan, config = make_plan(emu, include_deletes=True)
     assert {a.kind for a in plan.actions} == {"posture_fix", "pool_shrink", "record_delete"}
@@ -592,7 +592,7 @@ def test_rule8_a_plan_with_two_actions_on_one_subject_is_refused(emu: BifrostEmu
     journal = tmp_path / "journal.jsonl"
 
     with pytest.raises(PlanError, match="two actions on one subject"):
-        apply_plan(bad, config, options=ApplyOptions(yes=True, allow_delete=True, sleep=Waits()),
+        apply_plan(bad, config, options=ApplyOptions(write=True, allow_delete=True, sleep=Waits()),
                    journal=Journal(journal))
 
     assert emu.requests() == []
@@ -634,7 +634,7 @@ def test_rule9_concurrency_is_bounded(emu: BifrostEmulator, tmp_path: Path) -> N
     transport = CountingTransport()
     seen: list[str] = []
 
-    report = apply_plan(plan, config, options=ApplyOptions(yes=True, concurrency=2, sleep=Waits()),
+    report = apply_plan(plan, config, options=ApplyOptions(write=True, concurrency=2, sleep=Waits()),
                         journal=Journal(tmp_path / "journal.jsonl"), transports={"bifrost": transport},
                         on_result=lambda r: seen.append(r.action_id))
 

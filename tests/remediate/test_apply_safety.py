@@ -96,7 +96,7 @@ def test_rest_a_trace_landing_during_the_wait_before_a_delete_makes_it_stale(tmp
 
     config = Config(targets=[Target(name="gw", kind="rllm", url=URL)], policy=Policy())
     report = apply_plan(rest_plan({"a:0": ["ta"], "b:0": ["tb"]}), config,
-                        options=ApplyOptions(yes=True, allow_delete=True, rate=1.0, concurrency=1, sleep=sleep),
+                        options=ApplyOptions(write=True, allow_delete=True, rate=1.0, concurrency=1, sleep=sleep),
                         journal=Journal(tmp_path / "j.jsonl"), transports={"gw": httpx.MockTransport(gateway.handler)})
     assert waits, "the second delete waited for the rate limiter"
     assert {r.subject: r.outcome for r in report.results} == {"a:0": "done", "b:0": "stale"}
@@ -119,7 +119,7 @@ def test_sqlite_a_trace_landing_during_the_wait_before_a_delete_makes_it_stale(t
             landed.append(seconds)
             write_store(db, {"b:0": 1}, start=1)  # a straggler for b:0, during a wait before its delete
 
-    report = apply_plan(plan, config, options=ApplyOptions(yes=True, allow_delete=True, rate=1.0, sleep=sleep),
+    report = apply_plan(plan, config, options=ApplyOptions(write=True, allow_delete=True, rate=1.0, sleep=sleep),
                         journal=Journal(tmp_path / "j.jsonl"))
     assert landed
     assert {r.subject: r.outcome for r in report.results} == {"a:0": "done", "b:0": "stale"}
@@ -145,7 +145,7 @@ def test_a_hand_edited_plan_aimed_at_a_live_session_deletes_nothing(tmp_path: Pa
     plan.save(tmp_path / "edited.json")
     edited = load_plan(tmp_path / "edited.json")  # the recomputed id matches: only the live re-check stops it
 
-    report = apply_plan(edited, config, options=ApplyOptions(yes=True, allow_delete=True),
+    report = apply_plan(edited, config, options=ApplyOptions(write=True, allow_delete=True),
                         journal=Journal(tmp_path / "j.jsonl"))
     assert [(r.subject, r.outcome) for r in report.results] == [("live:0", "stale")]
     assert "not past" in report.results[0].detail
@@ -222,12 +222,12 @@ def test_a_second_apply_of_a_plan_being_applied_is_refused_before_it_writes(tmp_
     # the same plan, held with another journal
     with (apply_lock(Journal(tmp_path / "other.jsonl"), plan.id),
           pytest.raises(ApplyLockedError, match=r"being applied by process \d+")):
-        apply_plan(plan, config, options=ApplyOptions(yes=True, allow_delete=True), journal=journal,
+        apply_plan(plan, config, options=ApplyOptions(write=True, allow_delete=True), journal=journal,
                    transports={"gw": httpx.MockTransport(gateway.handler)})
     assert gateway.deleted == []
     assert journal.read() == []
     # released: it runs now
-    report = apply_plan(plan, config, options=ApplyOptions(yes=True, allow_delete=True), journal=journal,
+    report = apply_plan(plan, config, options=ApplyOptions(write=True, allow_delete=True), journal=journal,
                         transports={"gw": httpx.MockTransport(gateway.handler)})
     assert report.tally()["done"] == 1
 
