@@ -116,6 +116,27 @@ class Target:
         """Where it is, for messages and JSON (never carries credentials)."""
         return self.url or self.path or ""
 
+    @property
+    def is_remote(self) -> bool:
+        """Whether it is read over HTTP at its ``url``; False for an rLLM SQLite file at its ``path``.
+
+        >>> Target(name="a", kind="rllm", url="http://127.0.0.1:9090").is_remote
+        True
+        >>> Target(name="b", kind="rllm", path="/srv/rllm/gateway_traces.db").is_remote
+        False
+        """
+        return not self.path
+
+
+def is_remote_address(address: str) -> bool:
+    """Whether an address as given on a command line names a gateway's URL (http:// or https://, in any case)
+    rather than the path of a SQLite file.
+
+    >>> is_remote_address("http://127.0.0.1:9000"), is_remote_address("HTTPS://gw"), is_remote_address("/a.db")
+    (True, True, False)
+    """
+    return re.match(r"https?://", address, re.IGNORECASE) is not None
+
 
 @dataclass
 class Policy:
@@ -129,6 +150,21 @@ class Policy:
     env_file: str | None = None
     #: warnings raised while resolving the policy (e.g. an unusable override in the env file)
     warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The thresholds as the scan report and a plan record them (where they came from is left out).
+
+        >>> Policy(custom_pool=32).to_dict()
+        {'orphan_idle_seconds': 7200.0, 'max_weight_lag': 2, 'standard_pool': 512, 'custom_pool': 32, \
+'queue_per_worker': 16}
+        """
+        return {
+            "orphan_idle_seconds": self.orphan_idle_seconds,
+            "max_weight_lag": self.max_weight_lag,
+            "standard_pool": self.standard_pool,
+            "custom_pool": self.custom_pool,
+            "queue_per_worker": self.queue_per_worker,
+        }
 
 
 @dataclass
@@ -343,7 +379,7 @@ def target_from_address(address: str, kind: str, index: int, timeout_seconds: fl
     """A target from a ``--trace-store URL|PATH`` or ``--bifrost URL`` flag."""
     problems = _Problems("command line")
     flag = "--trace-store" if kind == "rllm" else "--bifrost"
-    if address.startswith(("http://", "https://")):
+    if is_remote_address(address):
         url = _check_url(address, flag, problems)
         if problems.lines:
             raise ConfigError(problems.lines)

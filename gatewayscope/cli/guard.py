@@ -14,6 +14,7 @@ import textwrap
 import time
 from typing import Any
 
+from gatewayscope.config import is_remote_address
 from gatewayscope.guard import backfill as guard_backfill
 from gatewayscope.guard import sqlite as sqlite_guard
 from gatewayscope.render import terminal_safe
@@ -185,7 +186,7 @@ def run_uninstall(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    if guard_backfill.is_url(args.target):
+    if is_remote_address(args.target):
         body = guard_backfill.remote_status(args.target, timeout=args.timeout)
         if args.format == "json":
             print(json.dumps(body, indent=2, sort_keys=True))

@@ -20,27 +20,18 @@ The unmodified ``rllm-model-gateway`` has none of these (404): the error says to
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from gatewayscope.config import DEFAULT_MAX_BODY_BYTES
-from gatewayscope.errors import (
-    BadResponseError,
-    GatewayscopeError,
-    GatewayTimeoutError,
-    HTTPStatusError,
-    NotFoundError,
-    UnreachableError,
-)
+from gatewayscope.config import DEFAULT_MAX_BODY_BYTES, is_remote_address
+from gatewayscope.errors import BadResponseError, GatewayscopeError, NotFoundError
 from gatewayscope.guard import sqlite as sqlite_guard
-from gatewayscope.sources._http import deadline_transport, exchange, path_segment
-from gatewayscope.sources._tls import shared_ssl_context
-from gatewayscope.sources.rllm_http import error_message
+from gatewayscope.sources._batches import batches
+from gatewayscope.sources._http import HttpClient, path_segment
 
 #: session ids per POST to a guarded gateway
 HTTP_BATCH = 5_000
@@ -62,15 +53,6 @@ class BackfillResult:
         if self.total is not None:
             text += f"; {self.total:,} tombstones in total"
         return text + "."
-
-
-def is_url(target: str) -> bool:
-    """True for an http(s) URL (a guarded gateway), False for a SQLite path.
-
-    >>> is_url("http://127.0.0.1:9000"), is_url("/var/lib/rllm/gateway_traces.db")
-    (True, False)
-    """
-    return re.match(r"^https?://", target.strip(), re.IGNORECASE) is not None
 
 
 def read_ids_file(path: str | Path) -> list[str]:
@@ -98,48 +80,29 @@ def read_ids_file(path: str | Path) -> list[str]:
 # -- HTTP ----------------------------------------------------------------------------------------
 
 
-class _GuardClient:
-    """The guarded gateway's ``/guard`` routes over one httpx client, errors mapped to the family.
+class _GuardClient(HttpClient):
+    """The guarded gateway's ``/guard`` routes, errors mapped to the family by :class:`HttpClient`.
 
     Each request's timeout bounds the whole exchange and its answer is read up to ``max_body_bytes`` (see
-    :func:`gatewayscope.sources._http.exchange`)."""
+    :func:`gatewayscope.sources._http.exchange`); ``client`` is the httpx seam (the caller's, left open)."""
+
+    server = "The guarded gateway"
+    timeout_sentence = ("{method} {url} got no whole answer within {seconds:g} s; raise the timeout if the gateway "
+                        "is busy, or check that it is healthy.")
+    unreachable_sentence = "Cannot reach {base_url} ({error}); is the gateway running?"
+    status_url = "{url}"
 
     def __init__(self, base_url: str, *, timeout: float, client: httpx.Client | None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._own = client is None
-        if client is None:
-            limits = httpx.Limits()
-            client = httpx.Client(timeout=timeout, verify=shared_ssl_context(), limits=limits,
-                                  transport=deadline_transport(verify=shared_ssl_context(), limits=limits))
-        self.client = client
-        self.timeout = timeout
-        self.max_body_bytes = max_body_bytes
-
-    def close(self) -> None:
-        if self._own:
-            self.client.close()
+        super().__init__(base_url, timeout=timeout, client=client, max_body_bytes=max_body_bytes)
 
     def request(self, method: str, path: str, *, json_body: Any = None) -> Any:
-        url = f"{self.base_url}{path}"
-        try:
-            response = exchange(self.client, method, url, json_body=json_body, timeout=self.timeout,
-                                max_body_bytes=self.max_body_bytes, who=f"The guarded gateway at {self.base_url}",
-                                where=f"{method} {path}")
-        except httpx.TimeoutException:
-            raise GatewayTimeoutError(f"{method} {url} got no whole answer within {self.timeout:g} s; raise the "
-                                      "timeout if the gateway is busy, or check that it is healthy.") from None
-        except httpx.TransportError as err:
-            raise UnreachableError(f"Cannot reach {self.base_url} ({err}); is the gateway running?") from None
-        if response.status_code >= 400:
-            message = error_message(response)
-            if response.status_code == 404:
-                raise NotFoundError(404, message, url=url)
-            raise HTTPStatusError(response.status_code, message, url=url)
-        try:
-            return response.json()
-        except ValueError:
-            raise BadResponseError(f"{method} {url} did not answer JSON: {response.text[:200]!r}") from None
+        """One request; its parsed JSON, or a typed error with a sentence."""
+        response = self.send(method, path, json_body=json_body)
+        parsed, body = self.parse_json(response)
+        if not parsed:
+            raise BadResponseError(f"{method} {self.base_url}{path} did not answer JSON: {response.text[:200]!r}")
+        return body
 
     def require_guard(self) -> dict[str, Any]:
         """``GET /guard/status``; a clear error when the gateway has no guard routes."""
@@ -156,11 +119,6 @@ class _GuardClient:
         return body
 
 
-def _batches(items: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
-
-
 def _clean(session_ids: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(sid for sid in (str(s).strip() for s in session_ids) if sid))
 
@@ -171,7 +129,7 @@ def _backfill_http(url: str, ids: list[str], *, timeout: float, client: httpx.Cl
         status = guard.require_guard()
         total: int | None = int(status["tombstones"])
         new = already = 0
-        for batch in _batches(ids, HTTP_BATCH):
+        for batch in batches(ids, HTTP_BATCH):
             body = guard.request("POST", "/guard/tombstones", json_body={"session_ids": batch})
             if not isinstance(body, dict) or not all(isinstance(body.get(k), int) for k in ("added", "already")):
                 raise BadResponseError(f"POST {guard.base_url}/guard/tombstones did not return "
@@ -193,7 +151,7 @@ def backfill_tombstones(target: str, session_ids: Iterable[str], *, timeout: flo
     (``client`` is the httpx seam; ``timeout`` is per request); on SQLite ``timeout`` is the busy timeout.
     """
     ids = _clean(session_ids)
-    if is_url(target):
+    if is_remote_address(target):
         return _backfill_http(target, ids, timeout=timeout, client=client)
     new, already = sqlite_guard.add_tombstones(target, ids, busy_timeout=timeout)
     return BackfillResult(new=new, already=already, total=sqlite_guard.tombstone_count(target, busy_timeout=timeout))
@@ -205,7 +163,7 @@ def lift(target: str, session_id: str, *, timeout: float = DEFAULT_TIMEOUT,
 
     The remedy for an rLLM retry that reuses a deleted uid. Returns False when it had no tombstone.
     """
-    if not is_url(target):
+    if not is_remote_address(target):
         return sqlite_guard.lift_tombstone(target, session_id, busy_timeout=timeout)
     guard = _GuardClient(target, timeout=timeout, client=client)
     try:

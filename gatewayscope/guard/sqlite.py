@@ -1,7 +1,7 @@
 """The tombstone guard for the rLLM SQLite trace store, installed INTO the gateway's own file.
 
 The unmodified ``rllm-model-gateway --store sqlite`` resurrects a deleted session when a straggling
-trace write lands after its ``DELETE /sessions/{id}`` (seed 000). This module adds two tables and five
+trace write lands after its ``DELETE /sessions/{id}``. This module adds two tables and five
 triggers to the gateway's database file, so the gateway itself, unchanged, drops those writes:
 
 ``gatewayscope_tombstones``
@@ -35,9 +35,11 @@ Cost per trace write: one primary-key lookup in the tombstone table per statemen
 of the trace's ``data`` (SQLite's C parser; the gateway's own ``json.dumps`` of the same data costs an
 order of magnitude more). Nothing scans a table per write.
 
-Every write here is a short ``BEGIN EXCLUSIVE`` transaction (see ``_write_transaction``), so it can run
-while the gateway writes (the gateway's own busy timeout is 20 s); reads are plain autocommit statements. DELETE and
-WAL journal modes both work; the journal mode is never changed.
+Every write here is a short ``BEGIN EXCLUSIVE`` transaction taken by :class:`gatewayscope._sqlite.locking.Writer`,
+so it can run while the gateway writes (the gateway's own busy timeout is 20 s); reads are plain autocommit
+statements. DELETE and WAL journal modes both work; the journal mode is never changed. Every statement on the
+guard's tables is in this module: the scan's tombstone reads (:func:`read_for_scan`) and the session deletes'
+tombstone checks (:func:`is_tombstoned`) too.
 """
 
 from __future__ import annotations
@@ -50,13 +52,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gatewayscope._sqlite.locking import Writer, WriterProbe, open_descriptors, retry_while_locked
+from gatewayscope._sqlite.open import open_store, store_error
+from gatewayscope._sqlite.schema import check_trace_store
+from gatewayscope._sqlite.statements import StatementWatch, fetch_all
 from gatewayscope.errors import ConfigError, StoreError
 from gatewayscope.snapshot import GuardStats
-from gatewayscope.sources.rllm_sqlite import WriterProbe, open_read_only, retry_while_locked
+from gatewayscope.sources._batches import batches
 
 #: version of the tables and triggers below; install refuses a file installed by a newer gatewayscope
 SCHEMA_VERSION = 1
-#: default FIFO capacity of the tombstone table (the seed's ``max_tombstones``)
+#: default FIFO capacity of the tombstone table (the in-memory guard's ``max_tombstones`` default too)
 DEFAULT_CAPACITY = 1_000_000
 #: seconds a write here waits for the gateway's lock before giving up
 DEFAULT_BUSY_TIMEOUT = 10.0
@@ -66,6 +72,8 @@ DEFAULT_TOP = 10
 QUERY_BATCH = 500
 #: session ids per backfill transaction (keeps each write lock short)
 WRITE_BATCH = 5_000
+#: tombstone ids per key range when the scan reads the tombstoned sessions
+TOMBSTONE_PAGE = 4000
 
 TOMBSTONES_TABLE = "gatewayscope_tombstones"
 META_TABLE = "gatewayscope_guard"
@@ -168,11 +176,6 @@ GUARD_OBJECTS: tuple[str, ...] = (*_TRIGGERS, *_INDEXES, *_TABLES)
 
 _COUNTER_KEYS = ("tombstones", "dropped_writes_total", "evicted_total")
 
-_REQUIRED_COLUMNS = {
-    "traces": {"trace_id", "data", "created_at"},
-    "trace_sessions": {"trace_id", "session_id", "created_at"},
-}
-
 
 # -- results -----------------------------------------------------------------------------------
 
@@ -274,108 +277,30 @@ def _normalise(sql: str | None) -> str:
     return " ".join((sql or "").split())
 
 
-def _store_error(path: str, err: sqlite3.Error, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> StoreError:
-    text = str(err)
-    if "not a database" in text or "malformed" in text:
-        return StoreError(f"{path} is not a SQLite database ({text}); give the gateway's trace store "
-                          "(rllm-model-gateway --db-path).")
-    if "locked" in text or "busy" in text:
-        return StoreError(f"{path} stayed locked by another writer for more than {busy_timeout:g} s "
-                          f"({text}); try again, or give a longer busy timeout.")
-    if "readonly" in text or "read-only" in text:
-        return StoreError(f"{path} is read-only for this user ({text}); run as a user that may write it "
-                          "(and its folder, for the journal).")
-    if "unable to open" in text:
-        return StoreError(f"{path} cannot be opened ({text}); check the path and its folder's permissions.")
-    return StoreError(f"{path}: SQLite error: {text}")
-
-
-def _open(path: str | Path, *, readonly: bool, busy_timeout: float) -> sqlite3.Connection:
-    """Open an existing file in autocommit mode (``mode=ro`` or ``mode=rw``: never creates one)."""
-    name = str(path)
-    file = Path(path).expanduser()
-    if not file.exists():
-        raise StoreError(f"{name}: no such file. Give the path of the gateway's SQLite store "
-                         "(rllm-model-gateway --db-path, default ~/.rllm/gateway_traces.db).")
-    if file.is_dir():
-        raise StoreError(f"{name} is a folder; give the gateway's SQLite file itself.")
-    uri = f"{file.resolve().as_uri()}?mode={'ro' if readonly else 'rw'}"
-    try:
-        conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout, isolation_level=None)
-    except sqlite3.Error as err:
-        raise _store_error(name, err, busy_timeout=busy_timeout) from None
-    return conn
-
-
 @contextlib.contextmanager
 def _connection(path: str | Path, *, readonly: bool, busy_timeout: float) -> Iterator[sqlite3.Connection]:
-    conn = _open(path, readonly=readonly, busy_timeout=busy_timeout)
+    """An open connection to the existing file at ``path``; SQLite's errors become the guard's StoreErrors."""
+    conn = open_store(path, readonly=readonly, busy_timeout=busy_timeout, wording="guard")
     try:
         yield conn
     except sqlite3.Error as err:
-        raise _store_error(str(path), err, busy_timeout=busy_timeout) from None
+        raise store_error(str(path), err, wording="guard", busy_timeout=busy_timeout) from None
     finally:
         conn.close()
 
 
-#: the longest sleep between two tries for the write lock (see _write_transaction)
-WRITE_POLL_SECONDS = 0.0005
-
-
-class _Transaction:
-    """An open write transaction; ``rollback_only()`` ends it without writing anything."""
-
-    def __init__(self) -> None:
-        self.rollback = False
-
-    def rollback_only(self) -> None:
-        self.rollback = True
-
-
 @contextlib.contextmanager
-def _write_transaction(conn: sqlite3.Connection, busy_timeout: float) -> Iterator[_Transaction]:
-    """``BEGIN EXCLUSIVE`` ... ``COMMIT``, waiting up to ``busy_timeout`` seconds for the lock.
-
-    Exclusive, not immediate: the 0.1.0 gateway runs its persists and its reads concurrently on one
-    connection, so it may hold a read statement open when it starts a write. If another connection then
-    holds the write (RESERVED) lock, SQLite fails the gateway's write at once with "database is locked"
-    instead of letting it wait (waiting could deadlock), and that trace is lost. An exclusive
-    transaction only starts when no statement of the gateway is open, and while it runs every gateway
-    statement waits in the gateway's busy handler (20 s) instead.
-
-    Each try for the lock is immediate and they come every quarter to half millisecond, instead of
-    sleeping in SQLite's busy handler: a failed try holds nothing, so a gateway write that comes
-    meanwhile is never refused, and a busy gateway leaves only short gaps between its transactions that
-    the handler's sleeps, growing to 100 ms, would miss until the timeout (the reader polls the same way,
-    :func:`gatewayscope.sources.rllm_sqlite.retry_while_locked`).
-    """
-    conn.execute("PRAGMA busy_timeout = 0")
-    retry_while_locked(lambda: conn.execute("BEGIN EXCLUSIVE"), busy_timeout, max_interval=WRITE_POLL_SECONDS)
-    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-    txn = _Transaction()
-    try:
-        yield txn
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-        raise
-    conn.execute("ROLLBACK" if txn.rollback else "COMMIT")
+def _writing(path: str | Path, *, busy_timeout: float) -> Iterator[tuple[sqlite3.Connection, Writer]]:
+    """A read-write connection to ``path`` and the :class:`~gatewayscope._sqlite.locking.Writer` that takes its
+    transactions (exclusive, into silence, waiting up to ``busy_timeout`` seconds for the lock)."""
+    before = open_descriptors()
+    with _connection(path, readonly=False, busy_timeout=busy_timeout) as conn:
+        yield conn, Writer.for_connection(conn, path, before, busy_timeout=busy_timeout)
 
 
 def _check_trace_store(conn: sqlite3.Connection, path: str) -> None:
     """Raise StoreError unless the file holds the gateway's ``traces`` and ``trace_sessions`` tables."""
-    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    for table, columns in _REQUIRED_COLUMNS.items():
-        if table not in tables:
-            hint = ("the gateway creates its tables on its first request, so start it "
-                    "with this --db-path, send one request (e.g. GET /sessions) and install again"
-                    if not (tables - set(_TABLES)) else f"tables: {', '.join(sorted(tables))}")
-            raise StoreError(f"{path} is not an rLLM trace store: it has no {table!r} table ({hint}).")
-        present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-        missing = columns - present
-        if missing:
-            raise StoreError(f"{path} is not an rLLM trace store: table {table!r} lacks the column(s) "
-                             f"{', '.join(sorted(missing))}.")
+    check_trace_store(conn, path, busy_timeout=0, wording="guard", ours=_TABLES)
 
 
 def _objects(conn: sqlite3.Connection) -> dict[str, str | None]:
@@ -437,11 +362,11 @@ def check_integrity(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIME
     finish within ``busy_timeout`` seconds of such restarts it gives up with a StoreError saying so.
     """
     name = str(path)
-    before = WriterProbe.open_descriptors()
-    conn = open_read_only(name, busy_timeout=busy_timeout)
+    before = open_descriptors()
+    conn = open_store(name, readonly=True, busy_timeout=busy_timeout, wording="guard")
     try:
         retry_while_locked(lambda: conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall(), busy_timeout)
-        probe = WriterProbe.for_new_descriptor(str(Path(name).resolve()), before)
+        probe = WriterProbe.for_new_descriptor(name, before)
         conn.set_progress_handler(lambda: 1 if probe.writer_waiting() else 0, _CHECK_STEPS)
         deadline = time.monotonic() + busy_timeout
         while True:  # bounded by the deadline
@@ -459,7 +384,7 @@ def check_integrity(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIME
                 time.sleep(0.05)  # the waiting commit goes through
     except sqlite3.DatabaseError as err:
         if "not a database" in str(err):  # not damaged: some other file
-            raise _store_error(name, err, busy_timeout=busy_timeout) from None
+            raise store_error(name, err, wording="guard", busy_timeout=busy_timeout) from None
         problems = [str(err)]
     else:
         problems = [str(row[0]) for row in rows if row and row[0] != "ok"]
@@ -468,7 +393,6 @@ def check_integrity(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIME
     if problems:
         raise StoreError(f"{name} is damaged (PRAGMA quick_check: {problems[0]}); nothing was written into it. "
                          "Restore it from a backup or recover it with sqlite3's .recover, then install again.")
-
 
 
 def install(path: str | Path, *, capacity: int | None = None,
@@ -482,17 +406,16 @@ def install(path: str | Path, *, capacity: int | None = None,
     table (0 = unlimited); ``None`` keeps the installed capacity, or uses 1,000,000 on a first install.
     Lowering it evicts the oldest tombstones now (counted as evictions).
 
-    Safe while the gateway runs: one short exclusive transaction, waiting at most ``busy_timeout``
-    seconds for the lock; the gateway's own writes wait for ours (its
-    busy timeout is 20 s) and then see the triggers. Raises StoreError for a missing file or one that is
-    not an rLLM trace store, and ConfigError for a negative capacity.
+    Safe while the gateway runs: one short exclusive transaction (see
+    :class:`~gatewayscope._sqlite.locking.Writer`), waiting at most ``busy_timeout`` seconds for the lock; the
+    gateway's own writes wait for ours (its busy timeout is 20 s) and then see the triggers. Raises StoreError
+    for a missing file or one that is not an rLLM trace store, and ConfigError for a negative capacity.
     """
     _validate_capacity(capacity)
     name = str(path)
     if Path(path).expanduser().is_file():
         check_integrity(path, busy_timeout=busy_timeout)
-    with (_connection(path, readonly=False, busy_timeout=busy_timeout) as conn,
-          _write_transaction(conn, busy_timeout) as txn):
+    with _writing(path, busy_timeout=busy_timeout) as (conn, writer), writer.transaction() as txn:
         _check_trace_store(conn, name)
         present = _objects(conn)
         meta = _meta(conn) if META_TABLE in present else {}
@@ -563,7 +486,7 @@ def uninstall(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -
     """Drop the guard's triggers, indexes and tables from ``path``; the gateway's own objects and rows
     stay exactly as they are. Tombstones are discarded: stragglers resurrect sessions again afterwards."""
     name = str(path)
-    with _connection(path, readonly=False, busy_timeout=busy_timeout) as conn, _write_transaction(conn, busy_timeout):
+    with _writing(path, busy_timeout=busy_timeout) as (conn, writer), writer.transaction():
         present = _objects(conn)
         tombstones = 0
         if TOMBSTONES_TABLE in present:
@@ -668,11 +591,6 @@ def status(path: str | Path, *, top: int = DEFAULT_TOP,
         return GuardStatus(path=name, journal_mode=str(journal_mode), **_figures(conn, top))
 
 
-def _batches(items: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
-
-
 def _unique(session_ids: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(str(sid) for sid in session_ids))
 
@@ -686,7 +604,7 @@ def tombstoned_among(conn: sqlite3.Connection, session_ids: list[str]) -> list[s
     if not wanted or not _has_table(conn, TOMBSTONES_TABLE):
         return []
     found: set[str] = set()
-    for batch in _batches(wanted, QUERY_BATCH):
+    for batch in batches(wanted, QUERY_BATCH):
         marks = ",".join("?" * len(batch))
         found.update(row[0] for row in conn.execute(
             f"SELECT session_id FROM {TOMBSTONES_TABLE} WHERE session_id IN ({marks})", batch))
@@ -710,18 +628,20 @@ def add_tombstones(path: str | Path, session_ids: Iterable[str], *,
     Idempotent: an id that already has a tombstone keeps it (and its counts). Deletes nothing of the
     gateway's; the FIFO capacity may evict the oldest tombstones, as for any tombstone. Record the
     tombstone first, then delete the session, so a straggler landing between the two is dropped.
-    One short transaction per ``WRITE_BATCH`` ids.
+    One short transaction per ``WRITE_BATCH`` ids, the gateway's waiting writes going first between two.
     """
     name = str(path)
     ids = [sid for sid in _unique(session_ids) if sid]
     new = 0
-    with _connection(path, readonly=False, busy_timeout=busy_timeout) as conn:
+    with _writing(path, busy_timeout=busy_timeout) as (conn, writer):
         _require_installed(conn, name)
         sql = (f"INSERT OR IGNORE INTO {TOMBSTONES_TABLE} (session_id, deleted_at, seq, source) "
                f"VALUES (?, ?, (SELECT IFNULL(MAX(seq), 0) + 1 FROM {TOMBSTONES_TABLE}), 'backfill')")
-        for batch in _batches(ids, WRITE_BATCH):
+        for index, batch in enumerate(batches(ids, WRITE_BATCH)):
+            if index:
+                time.sleep(writer.pause)  # the gateway's waiting writer goes next
             now = time.time()
-            with _write_transaction(conn, busy_timeout):
+            with writer.transaction():
                 cursor = conn.executemany(sql, [(sid, now) for sid in batch])
                 # rowcount counts the statement's own inserts, not the rows the triggers touch
                 new += max(cursor.rowcount, 0)
@@ -734,9 +654,9 @@ def lift_tombstone(path: str | Path, session_id: str, *, busy_timeout: float = D
     Returns False when the id had no tombstone. The dropped-write totals are kept.
     """
     name = str(path)
-    with _connection(path, readonly=False, busy_timeout=busy_timeout) as conn:
+    with _writing(path, busy_timeout=busy_timeout) as (conn, writer):
         _require_installed(conn, name)
-        with _write_transaction(conn, busy_timeout):
+        with writer.transaction():
             cursor = conn.execute(f"DELETE FROM {TOMBSTONES_TABLE} WHERE session_id = ?", (session_id,))
             return cursor.rowcount > 0
 
@@ -747,3 +667,64 @@ def tombstone_count(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIME
     with _connection(path, readonly=True, busy_timeout=busy_timeout) as conn:
         _require_installed(conn, name)
         return _as_int(_meta(conn).get("tombstones"))
+
+
+# -- the reads of others ---------------------------------------------------------------------------------
+
+
+def read_for_scan(conn: sqlite3.Connection, tables: set[str], *, busy_timeout: float, page_size: int,
+                  watch: StatementWatch) -> tuple[GuardStats | None, list[str]]:
+    """The guard's figures and the tombstoned sessions that still have rows, for the SQLite source's scan.
+
+    The source's :class:`~gatewayscope.sources.rllm_sqlite.GuardReader`: ``tables`` are the file's tables
+    (nothing is read when the guard's are not among them). The figures are read with SQLite's busy handler
+    waiting up to ``busy_timeout`` seconds; the tombstoned sessions, only when there are tombstones, a key
+    range of at most ``page_size`` (and ``TOMBSTONE_PAGE``) ids at a time, by fine polling, each statement
+    watched by ``watch``. The connection's busy handler is off again when this returns.
+    """
+    if TOMBSTONES_TABLE not in tables:
+        return None, []
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+    try:
+        guard = read_guard(conn)
+    finally:
+        conn.execute("PRAGMA busy_timeout = 0")
+    if guard is None or not guard.tombstones:
+        return guard, []
+    return guard, _tombstoned_with_rows(conn, min(page_size, TOMBSTONE_PAGE), busy_timeout=busy_timeout,
+                                        watch=watch)
+
+
+def _tombstoned_with_rows(conn: sqlite3.Connection, page_size: int, *, busy_timeout: float,
+                          watch: StatementWatch) -> list[str]:
+    """Ids that carry a tombstone and still have rows in the store, read a key range at a time."""
+    found: list[str] = []
+    last = ""
+    while True:  # bounded: every turn moves ``last`` forward through the tombstone table
+        page, _ = fetch_all(
+            conn, f"SELECT session_id FROM {TOMBSTONES_TABLE} WHERE session_id > ? ORDER BY session_id LIMIT ?",
+            (last, page_size), busy_timeout=busy_timeout, watch=watch,
+        )
+        if not page:
+            return found
+        upper = page[-1][0]
+        present, _ = fetch_all(
+            conn, f"SELECT session_id FROM {TOMBSTONES_TABLE} AS tb WHERE session_id > ? AND session_id <= ? "
+            "AND EXISTS (SELECT 1 FROM trace_sessions AS ts WHERE ts.session_id = tb.session_id)",
+            (last, upper), busy_timeout=busy_timeout, watch=watch,
+        )
+        found.extend(row[0] for row in present)
+        if len(page) < page_size:
+            return found
+        last = upper
+
+
+def has_tombstone_table(conn: sqlite3.Connection) -> bool:
+    """Whether the guard's tombstone table is in the file (one read; it may wait in the busy handler)."""
+    return _has_table(conn, TOMBSTONES_TABLE)
+
+
+def is_tombstoned(conn: sqlite3.Connection, session_id: str) -> bool:
+    """Whether ``session_id`` carries a tombstone (one read; the tombstone table must exist)."""
+    row = conn.execute(f"SELECT 1 FROM {TOMBSTONES_TABLE} WHERE session_id = ?", (session_id,)).fetchone()
+    return row is not None

@@ -3,8 +3,7 @@
 Parsing a listing of 5,000 Bifrost records or a few thousand rLLM traces allocates hundreds of
 thousands of dicts and lists, none of them in a reference cycle. Each allocation burst runs the
 collector's younger generations dozens of times, and now and then a full collection that walks every
-object of the process (the exporter holds many). Measured on a 5,000-record listing: 15-20 ms of a
-~150 ms cold scan spent in the collector, finding nothing to free. Reference counting still frees
+object of the process (the exporter holds many), finding nothing to free. Reference counting still frees
 everything as usual while the collector is paused; the pause ends with the block, whatever happens.
 
 The pause is process-wide (``gc.disable``), so concurrent readers (the exporter reads targets on

@@ -1,8 +1,13 @@
-"""The one request path of gatewayscope's HTTP clients: a deadline for the whole exchange, a cap on the answer.
+"""The one HTTP layer of gatewayscope's clients: the base client, and the request path every request takes.
+
+:class:`HttpClient` is the base of the rLLM client, the Bifrost reader and writer and the guarded gateway's
+routes: one TLS context, Basic auth when a target has credentials, a pool of deadline-bounded connections
+with ``TCP_NODELAY``, the timeout and the answer cap, and the one ladder that turns httpx's failures into
+gatewayscope's error family (each client words the sentences).
 
 httpx's timeouts bound each network operation, not the exchange: a server that sends one byte every few
 seconds keeps a request going forever, and an answer is held in memory whole, however large. Every request
-of the rLLM client, the Bifrost client and the guard's backfill goes through :func:`exchange`, which
+of those clients goes through :func:`exchange`, which
 
 * bounds the whole exchange (waiting for a pooled connection, connecting, sending, the answer's headers and
   its body) by the request's timeout: the answer is streamed and the monotonic clock checked between chunks,
@@ -12,30 +17,47 @@ of the rLLM client, the Bifrost client and the guard's backfill goes through :fu
 * refuses a redirect (3xx) with :class:`~gatewayscope.errors.RedirectError`, saying where it leads: no client
   follows redirects, a target's URL is the API itself.
 
-Running out of time raises httpx's own timeout exception, which each client already turns into a
-:class:`~gatewayscope.errors.GatewayTimeoutError` with its own sentence.
+Running out of time raises httpx's own timeout exception, which :meth:`HttpClient.send` turns into a
+:class:`~gatewayscope.errors.GatewayTimeoutError`.
 """
 
 from __future__ import annotations
 
 import contextvars
+import json
+import socket
 import ssl
 import time
 import unicodedata
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote
 
 import httpcore
 import httpx
 
-from gatewayscope.errors import BadResponseError, BodyTooLargeError, RedirectError
+from gatewayscope.config import DEFAULT_MAX_BODY_BYTES
+from gatewayscope.errors import (
+    BadResponseError,
+    BodyTooLargeError,
+    GatewayscopeError,
+    GatewayTimeoutError,
+    HTTPStatusError,
+    NotFoundError,
+    RedirectError,
+    SourceError,
+    UnreachableError,
+)
+from gatewayscope.sources._gcpause import gc_paused
+from gatewayscope.sources._tls import shared_ssl_context
 
 #: where a too-large answer's error sends the user (the flag exists where the command line offers it)
 RAISE_CAP_HINT = ("raise max_body_bytes in the target's [[targets]] table of the config file, or pass "
                   "--max-body-bytes")
 #: the most characters of a redirect's Location an error message quotes
 _MAX_LOCATION = 200
+
+_Client = TypeVar("_Client", bound="HttpClient")
 
 #: the monotonic time by which the exchange running in this thread (or task) must end; None outside one
 _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("gatewayscope_http_deadline",
@@ -98,6 +120,11 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
+#: a request goes out as several writes (headers, then the body): Nagle's algorithm must not hold the body back
+#: for the server's delayed ACK
+_SOCKET_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+
+
 def deadline_transport(*, verify: ssl.SSLContext, limits: httpx.Limits) -> httpx.BaseTransport:
     """httpx's transport over connections whose socket operations never outlast :func:`exchange`'s deadline."""
     transport = httpx.HTTPTransport(verify=verify, limits=limits)
@@ -105,7 +132,7 @@ def deadline_transport(*, verify: ssl.SSLContext, limits: httpx.Limits) -> httpx
     transport._pool = httpcore.ConnectionPool(
         ssl_context=verify, max_connections=limits.max_connections,
         max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
-        network_backend=_DeadlineBackend())
+        network_backend=_DeadlineBackend(), socket_options=_SOCKET_OPTIONS)
     return transport
 
 
@@ -208,3 +235,139 @@ def exchange(client: httpx.Client, method: str, url: str, *, timeout: float, max
                                   if key in response.extensions}
     return httpx.Response(response.status_code, headers=headers, content=b"".join(chunks), request=request,
                           extensions=extensions)
+
+
+def error_message(response: httpx.Response) -> str:
+    """The sentence in an error answer: its ``error``/``detail``/``message`` field, else the text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200] or response.reason_phrase
+    if isinstance(body, dict):
+        for key in ("error", "detail", "message"):
+            if isinstance(body.get(key), str):
+                return str(body[key])
+    return json.dumps(body)[:200]
+
+
+def transport_reason(err: httpx.TransportError) -> str:
+    """A short reason for a transport failure: its kind and its text on one line (it names no header or body)."""
+    text = " ".join(str(err).split())[:200]
+    name = type(err).__name__
+    return f"{name}: {text}" if text else name
+
+
+class HttpClient:
+    """One gateway's HTTP API: what every client of gatewayscope shares.
+
+    The shared TLS context (:func:`~gatewayscope.sources._tls.shared_ssl_context`), Basic ``auth`` when given,
+    a pool of at most ``max_connections`` connections (httpx's default pool when None) over deadline-bounded
+    sockets with ``TCP_NODELAY`` (:func:`deadline_transport`), no redirects followed, ``timeout`` seconds for
+    each whole exchange and ``max_body_bytes`` for each answer (see :func:`exchange`). ``transport`` replaces the
+    pool (httpx's seam: tests pass a ``MockTransport``); ``client`` replaces the whole httpx client (the caller's,
+    which :meth:`close` leaves open).
+
+    :meth:`send` is the one place httpx's failures become gatewayscope's errors:
+
+    * ``httpx.TimeoutException`` -> :class:`~gatewayscope.errors.GatewayTimeoutError` (``timeout_sentence``);
+    * any other ``httpx.TransportError`` -> :class:`~gatewayscope.errors.UnreachableError`
+      (``unreachable_sentence``);
+    * any other ``httpx.HTTPError`` -> :class:`~gatewayscope.errors.SourceError` (``failed_sentence``);
+    * an error status (4xx, 5xx) -> :meth:`status_error`, with the answer's own message.
+
+    A client names its server (:attr:`server`) and words the sentences: each is a ``str.format`` template over
+    ``who`` (the server and its URL), ``base_url``, ``method``, ``path``, ``where`` (method and path), ``url``,
+    ``seconds`` (the timeout), ``error`` (the exception's text), ``error_type`` (its class) and ``reason``
+    (:func:`transport_reason`). Every error is raised outside the handler of httpx's exception, so it holds no
+    reference to httpx's request (its auth header) or the answer.
+    """
+
+    #: the server in sentences: ``who`` is "{server} at {base_url}"
+    server: ClassVar[str] = "The gateway"
+    timeout_sentence: ClassVar[str] = "{who} did not answer {where} within {seconds:g} s."
+    unreachable_sentence: ClassVar[str] = "{who} could not be reached for {where} ({reason})."
+    failed_sentence: ClassVar[str] = "{method} {url} failed: {error}"
+    #: what an error status names as its ``url``
+    status_url: ClassVar[str] = "{method} {url}"
+
+    def __init__(self, base_url: str, *, timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
+                 client: httpx.Client | None = None, auth: tuple[str, str] | None = None,
+                 max_connections: int | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 headers: dict[str, str] | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = float(timeout)
+        self.max_body_bytes = max_body_bytes
+        self._own = client is None
+        if client is None:
+            limits = (httpx.Limits() if max_connections is None
+                      else httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+            verify = shared_ssl_context()
+            client = httpx.Client(
+                auth=httpx.BasicAuth(*auth) if auth is not None else None,
+                timeout=httpx.Timeout(self.timeout),
+                transport=transport if transport is not None else deadline_transport(verify=verify, limits=limits),
+                verify=verify, limits=limits, follow_redirects=False, headers=headers)
+        self._client = client
+
+    @property
+    def who(self) -> str:
+        """The server and its URL, as sentences name it."""
+        return f"{self.server} at {self.base_url}"
+
+    def close(self) -> None:
+        """Close the connection pool (not a client the caller passed)."""
+        if self._own:
+            self._client.close()
+
+    def __enter__(self: _Client) -> _Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _sentence(self, template: str, method: str, path: str, **fields: Any) -> str:
+        return template.format(who=self.who, base_url=self.base_url, method=method, path=path,
+                               where=f"{method} {path}", url=self.base_url + path, **fields)
+
+    def send(self, method: str, path: str, *, json_body: Any = None, timeout: float | None = None,
+             ok: tuple[int, ...] = ()) -> httpx.Response:
+        """One request to ``path`` (below the base URL); its answer, its body read, unless it failed.
+
+        ``timeout`` (default the client's) bounds the whole exchange. An error status raises :meth:`status_error`
+        unless it is in ``ok``; every other failure raises as the table above says.
+        """
+        seconds = self.timeout if timeout is None else timeout
+        failure: GatewayscopeError | None = None
+        try:
+            response = exchange(self._client, method, self.base_url + path, json_body=json_body, timeout=seconds,
+                                max_body_bytes=self.max_body_bytes, who=self.who, where=f"{method} {path}")
+        except httpx.TimeoutException:
+            failure = GatewayTimeoutError(self._sentence(self.timeout_sentence, method, path, seconds=seconds))
+        except httpx.TransportError as err:
+            failure = UnreachableError(self._sentence(self.unreachable_sentence, method, path, error=err,
+                                                      error_type=type(err).__name__, reason=transport_reason(err)))
+        except httpx.HTTPError as err:
+            failure = SourceError(self._sentence(self.failed_sentence, method, path, error=err))
+        if failure is not None:
+            raise failure
+        if response.status_code >= 400 and response.status_code not in ok:
+            raise self.status_error(response, method, path)
+        return response
+
+    def status_error(self, response: httpx.Response, method: str, path: str) -> HTTPStatusError:
+        """The error for an answer with an error status: :class:`NotFoundError` for 404, else
+        :class:`HTTPStatusError`, with the answer's own message (:func:`error_message`)."""
+        error_type = NotFoundError if response.status_code == 404 else HTTPStatusError
+        return error_type(response.status_code, error_message(response),
+                          url=self._sentence(self.status_url, method, path))
+
+    @staticmethod
+    def parse_json(response: httpx.Response) -> tuple[bool, Any]:
+        """``(True, value)`` for an answer whose body is JSON, ``(False, None)`` otherwise (the caller says what
+        is wrong, outside any handler). A large answer makes many fresh containers and no cycle: parsed with
+        the cyclic collector paused (see :mod:`~gatewayscope.sources._gcpause`)."""
+        try:
+            with gc_paused():
+                return True, response.json()
+        except (ValueError, UnicodeDecodeError):
+            return False, None

@@ -14,7 +14,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -24,12 +24,9 @@ import polars as pl
 from gatewayscope.config import DEFAULT_MAX_BODY_BYTES, Policy, Target
 from gatewayscope.errors import (
     BadResponseError,
-    GatewayTimeoutError,
     HTTPStatusError,
     NotFoundError,
-    SourceError,
     UnaddressableSessionError,
-    UnreachableError,
 )
 from gatewayscope.snapshot import (
     CANDIDATE_TRACES_SCHEMA,
@@ -38,37 +35,30 @@ from gatewayscope.snapshot import (
     TraceStoreData,
     frame_from_rows,
 )
+from gatewayscope.sources._batches import batches
 from gatewayscope.sources._gcpause import gc_paused
-from gatewayscope.sources._http import deadline_transport, exchange, path_segment
-from gatewayscope.sources._tls import shared_ssl_context
+from gatewayscope.sources._http import HttpClient, path_segment
 
 #: session ids per ``POST /traces/query`` (and per guard check)
 QUERY_BATCH = 200
 CHECK_BATCH = 5000
 
 
-class RllmClient:
-    """A thin client for the gateway's REST API; every error becomes a gatewayscope error."""
+class RllmClient(HttpClient):
+    """A thin client for the gateway's REST API; every error becomes a gatewayscope error.
+
+    ``max_connections`` bounds the pool (reads of candidate traces run that many at once)."""
+
+    server = "The rLLM gateway"
+    timeout_sentence = ("{who} did not answer {where} in time; raise timeout_seconds if it is busy, or check that "
+                        "it is healthy.")
+    unreachable_sentence = ("Cannot reach the rLLM gateway at {base_url} ({error_type}: {error}); check the URL and "
+                            "that the gateway is running.")
 
     def __init__(self, base_url: str, *, timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
                  max_connections: int = 16, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout = float(timeout)
-        self.max_body_bytes = max_body_bytes
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        if transport is None:
-            transport = deadline_transport(verify=shared_ssl_context(), limits=limits)
-        self._client = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport,
-                                    verify=shared_ssl_context(), limits=limits)
-
-    def close(self) -> None:
-        self._client.close()
-
-    def __enter__(self) -> RllmClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(base_url, timeout=timeout, transport=transport, max_connections=max_connections,
+                         max_body_bytes=max_body_bytes)
 
     def request(self, method: str, path: str, *, json_body: Any = None, timeout: float | None = None,
                 raw: bool = False) -> Any:
@@ -78,42 +68,20 @@ class RllmClient:
         answer is read up to the client's ``max_body_bytes`` (see :func:`~gatewayscope.sources._http.exchange`).
         With ``raw`` the answer itself is returned (its status checked, its body not parsed yet: see
         :meth:`json_of`)."""
-        url = f"{self.base_url}{path}"
-        try:
-            response = exchange(self._client, method, path, json_body=json_body,
-                                timeout=self.timeout if timeout is None else timeout,
-                                max_body_bytes=self.max_body_bytes, who=f"The rLLM gateway at {self.base_url}",
-                                where=f"{method} {path}")
-        except httpx.TimeoutException:
-            raise GatewayTimeoutError(
-                f"The rLLM gateway at {self.base_url} did not answer {method} {path} in time; "
-                "raise timeout_seconds if it is busy, or check that it is healthy."
-            ) from None
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as err:
-            raise UnreachableError(
-                f"Cannot reach the rLLM gateway at {self.base_url} ({type(err).__name__}: {err}); "
-                "check the URL and that the gateway is running."
-            ) from None
-        except httpx.HTTPError as err:
-            raise SourceError(f"{method} {url} failed: {err}") from None
-        if response.status_code >= 400:
-            message = error_message(response)
-            error_type = NotFoundError if response.status_code == 404 else HTTPStatusError
-            raise error_type(response.status_code, message, url=f"{method} {url}")
+        response = self.send(method, path, json_body=json_body, timeout=timeout)
         return response if raw else self.json_of(response)
 
     @staticmethod
     def json_of(response: httpx.Response) -> Any:
         """An answer's parsed JSON, or BadResponseError saying it is not JSON."""
-        try:
-            with gc_paused():  # large answers: many fresh containers, no cycle (see _gcpause)
-                return response.json()
-        except ValueError:
-            snippet = response.text[:80].replace("\n", " ")
-            raise BadResponseError(
-                f"{response.request.method} {response.request.url} answered {response.status_code} with "
-                f"something that is not JSON ({snippet!r}...); is this an rLLM gateway?"
-            ) from None
+        parsed, value = HttpClient.parse_json(response)
+        if parsed:
+            return value
+        snippet = response.text[:80].replace("\n", " ")
+        raise BadResponseError(
+            f"{response.request.method} {response.request.url} answered {response.status_code} with "
+            f"something that is not JSON ({snippet!r}...); is this an rLLM gateway?"
+        )
 
     def openapi_paths(self) -> set[str]:
         """The routes the gateway declares (FastAPI's /openapi.json); empty if it does not say."""
@@ -123,24 +91,6 @@ class RllmClient:
             return set()
         paths = document.get("paths") if isinstance(document, dict) else None
         return set(paths) if isinstance(paths, dict) else set()
-
-
-def error_message(response: httpx.Response) -> str:
-    """The sentence in an error answer: its ``error``/``detail``/``message`` field, else the text."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:200] or response.reason_phrase
-    if isinstance(body, dict):
-        for key in ("error", "detail", "message"):
-            if isinstance(body.get(key), str):
-                return str(body[key])
-    return json.dumps(body)[:200]
-
-
-def _batches(items: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
 
 
 def _as_float(value: Any) -> float | None:
@@ -174,7 +124,7 @@ _LISTING_TYPES = {"session_id": (pl.String,), "trace_count": (pl.Int64,),
 def session_frame(response: httpx.Response, where: str) -> pl.DataFrame:
     """``GET /sessions`` as a SESSIONS_SCHEMA frame.
 
-    polars reads the answer's JSON itself (at 100,000 sessions a fraction of ``json.loads`` plus a loop
+    polars reads the answer's JSON itself (no Python object per session, unlike ``json.loads`` and a loop
     over the rows); it is used only when every entry has a string ``session_id``, a whole-number
     ``trace_count`` and a numeric or null ``created_at``. Anything else goes through
     :func:`parse_session_listing`, which accepts what it accepts and says what is wrong.
@@ -245,7 +195,7 @@ class KnownTraces:
     """Candidate-trace rows kept from one read of a gateway to the next (the exporter keeps one per target).
 
     An orphan is re-read at every exporter read until it is deleted, and on 0.1.0 each of its traces
-    costs the gateway's event loop about 0.4 ms to encode (more with long prompts). A one-trace
+    costs the gateway's event loop time to encode (more with long prompts). A one-trace
     session's trace does not change while the listing shows the session with the same ``created_at``
     and one trace: the gateway stores every call under a new trace id, and a session deleted through
     that gateway comes back with a new ``created_at``. So the next read reuses those rows and asks the
@@ -341,7 +291,7 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
         tombstoned: list[str] = []
         if guard is not None and guard.tombstones > 0:
             all_ids = sessions["session_id"].to_list()
-            for batch in _batches(all_ids, CHECK_BATCH):
+            for batch in batches(all_ids, CHECK_BATCH):
                 body = client.request("POST", "/guard/tombstones/check", json_body={"session_ids": batch})
                 if not isinstance(body, dict) or not isinstance(body.get("tombstoned"), list):
                     raise BadResponseError("POST /guard/tombstones/check did not return {\"tombstoned\": [...]}.")
@@ -369,7 +319,7 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
                         if isinstance(trace, dict) and trace.get("session_id") in wanted]
 
         with ThreadPoolExecutor(max_workers=target.concurrency) as pool:
-            for part in pool.map(fetch, _batches(candidates, QUERY_BATCH)):
+            for part in pool.map(fetch, batches(candidates, QUERY_BATCH)):
                 trace_rows.extend(part)
         if known is not None:
             known.keep(candidate_sessions, trace_rows)

@@ -1,41 +1,31 @@
 """Read an rLLM SQLite trace store file, strictly read-only, without holding up the gateway.
 
-The 0.1.0 gateway runs SQLite in DELETE journal mode, where a reader's open transaction blocks
-the writer's commit. So every read here is its own short statement in autocommit mode, paged by
-key (``session_id``) over the gateway's own ``idx_ts_session_time`` index: the gateway's commit
-waits at most for one page, never for the whole scan. A page ends after ``STATEMENT_SECONDS`` of
-lock, whatever the machine or the cache: its rows come in key order and the next page starts after
-the last whole session read. Candidate traces are read the same way.
-Between statements the reader polls for the lock itself, every fraction of a millisecond, rather than
-with SQLite's busy handler: its sleeps grow to 100 ms, and against a gateway that commits
-back-to-back each of them lands in the next commit, so a reader that sleeps that way starves.
-On Linux the reader also watches for a writer waiting on it (a writer in another process, such as the
-gateway, holds the PENDING lock byte while it waits to commit; see :class:`WriterProbe`). A statement then
-ends just before the writer's busy handler tries again, so the commit goes through at that try instead of
-after a sleep with the file idle.
-It works on WAL files the same way.
-The file is opened with ``mode=ro``: gatewayscope never writes to the store from here.
+Sessions are read in pages keyed by ``session_id`` over the gateway's own ``idx_ts_session_time`` index, each
+page its own short statement (:func:`gatewayscope._sqlite.statements.fetch_for`): the gateway's commit waits
+at most for one page, never for the whole scan. A page ends after ``STATEMENT_SECONDS`` of lock, or just before
+a waiting writer tries again, whatever the machine or the cache: its rows come in key order and the next page
+starts after the last whole session read. Candidate traces are read the same way. Every statement takes its
+lock by fine polling, and reads of one file in this process take turns (see :mod:`gatewayscope._sqlite.locking`).
+
+The file is opened with ``mode=ro``: gatewayscope never writes to the store from here. The figures of the
+tombstone guard installed in the file come from the ``guard_reader`` the caller passes (the guard owns its
+tables and every statement on them).
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
-import fcntl
-import os
 import sqlite3
-import struct
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import polars as pl
 
+from gatewayscope._sqlite.locking import WriterProbe, one_reader_per_file, open_descriptors
+from gatewayscope._sqlite.open import open_store, store_error
+from gatewayscope._sqlite.schema import check_trace_store
+from gatewayscope._sqlite.statements import STATEMENT_SECONDS, StatementWatch, fetch_all, fetch_for
 from gatewayscope.config import Policy, Target
-from gatewayscope.errors import StoreError
 from gatewayscope.snapshot import (
     CANDIDATE_TRACES_SCHEMA,
     SESSIONS_SCHEMA,
@@ -45,43 +35,15 @@ from gatewayscope.snapshot import (
     frame_from_rows,
 )
 
-T = TypeVar("T")
-
 #: most sessions one page may hold (a memory bound: a page usually ends sooner, on STATEMENT_SECONDS)
 SESSION_PAGE = 100_000
-#: tombstone ids per key range when the guard is installed
-TOMBSTONE_PAGE = 4000
 #: most session ids one candidate-trace read asks for (SQLite's variable limit before 3.32 is 999);
 #: a read also ends after STATEMENT_SECONDS, and the next one resumes at the first unfinished session
 TRACE_BATCH = 999
-#: how long one read statement holds the shared lock when no waiting writer is seen (a writer the probe
-#: cannot see: one in this process, or any writer off Linux). Its commit waits for the statement, plus the
-#: rest of the sleep its busy handler is in: SQLite's default handler retries 1, 3, 8, 18, 33, 53, 78 ms
-#: after its first try, so a 30 ms statement usually lets the commit through at its 33 ms retry. Once a
-#: writer is seen waiting, the statement ends just before that writer's first retry at or after this bound
-#: (at most 33 ms after its first try; so a statement may run on to about 45 ms: see fetch_for)
-STATEMENT_SECONDS = 0.03
-#: when SQLite's default busy handler tries again after a writer's first try (its sleeps: 1, 2, 5, 10, 15 ms)
-BUSY_RETRY_SECONDS = (0.001, 0.003, 0.008, 0.018, 0.033)
-#: how much sooner than a writer's retry a statement ends: that try must find the lock free
-WRITER_MARGIN_SECONDS = 0.001
-#: looks at the lock table slower than this, PROBE_SLOW_LOOKS in a row, turn the probe off (a network
-#: filesystem asks its lock server every time; one slow look is just this process being preempted)
-PROBE_SLOW_SECONDS = 0.001
-PROBE_SLOW_LOOKS = 3
-#: rows fetched between two looks at the clock and at the writer (a page row of a typical session costs
-#: about 1 us, a candidate-trace row of a typical trace about 20 us: both chunks are a fraction of a
-#: millisecond of work; a session of many traces or a long prompt makes its row dearer)
-PAGE_CHUNK = 250
+#: rows of a candidate-trace read between two looks at the clock and at the writer (a trace row costs far more
+#: than a session row: the JSON of its data is parsed; together still a fraction of a millisecond of work; a
+#: long prompt makes its row dearer)
 TRACE_CHUNK = 16
-#: a statement still running this long after its planned end is interrupted (see StatementWatch)
-WATCH_GRACE_SECONDS = 0.01
-TOMBSTONE_TABLE = "gatewayscope_tombstones"
-
-_REQUIRED_COLUMNS = {
-    "traces": {"trace_id", "data", "created_at"},
-    "trace_sessions": {"trace_id", "session_id", "created_at"},
-}
 
 _PAGE_SQL = """
     SELECT session_id, COUNT(*), MIN(created_at), MAX(created_at)
@@ -93,8 +55,7 @@ _PAGE_SQL = """
 """
 
 #: a candidate's traces in two steps: their ids and rowids from the indexes (session order), then the rows
-#: themselves in rowid order, which is the order they lie in the file: on a cold page cache that read
-#: takes 3.0 s instead of 4.9 s for the benchmark's 14,840 candidates (and 0.26 s instead of 0.29 s warm)
+#: themselves in rowid order, which is the order they lie in the file (far fewer seeks on a cold page cache)
 _TRACE_IDS_SQL = """
     SELECT ts.session_id, t.trace_id, t.rowid
     FROM trace_sessions AS ts JOIN traces AS t ON t.trace_id = ts.trace_id
@@ -114,359 +75,17 @@ _TRACE_ROWS_SQL = """
 """
 
 
-def open_read_only(path: str, *, busy_timeout: float = 10.0) -> sqlite3.Connection:
-    """Open ``path`` read-only in autocommit mode, or raise StoreError with what to do."""
-    file = Path(path)
-    if not file.exists():
-        raise StoreError(f"{path}: no such file. Give the path of the gateway's SQLite store "
-                         "(rllm-model-gateway --db-path, default ~/.rllm/gateway_traces.db).")
-    if file.is_dir():
-        raise StoreError(f"{path} is a folder; give the gateway's SQLite file itself.")
-    if not os.access(file, os.R_OK):
-        raise StoreError(f"{path}: permission denied; run gatewayscope as a user that may read it.")
-    uri = f"{file.resolve().as_uri()}?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout, isolation_level=None,
-                               check_same_thread=False)
-        conn.execute("PRAGMA query_only = ON")
-    except sqlite3.Error as err:
-        raise _store_error(path, err) from None
-    return conn
+class GuardReader(Protocol):
+    """Reads the tombstone guard's figures from the store, when its tables are among ``tables``.
 
-
-def _store_error(path: str, err: sqlite3.Error) -> StoreError:
-    text = str(err)
-    if "not a database" in text or "malformed" in text:
-        return StoreError(f"{path} is not a SQLite database ({text}); is this the gateway's trace store?")
-    if "locked" in text or "busy" in text:
-        return StoreError(f"{path} is locked by another process ({text}); it stayed locked past the busy "
-                          "timeout. Try again, or raise timeout_seconds for this target.")
-    if "unable to open" in text:
-        return StoreError(f"{path} cannot be opened ({text}); check the path and its folder's permissions "
-                          "(a WAL store needs its folder to be readable too).")
-    return StoreError(f"{path}: SQLite error: {text}")
-
-
-def _is_busy(err: sqlite3.OperationalError) -> bool:
-    code = getattr(err, "sqlite_errorcode", None)  # Python 3.11+
-    if code is not None:
-        return (code & 0xFF) in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED and their extended codes
-    text = str(err)
-    return "locked" in text or "busy" in text
-
-
-def _poll_interval(waited: float) -> float:
-    """Sleep between lock attempts: fine while a commit is likely to end any moment, coarser later."""
-    if waited < 0.05:
-        return 0.00025
-    return 0.001 if waited < 1.0 else 0.01
-
-
-def retry_while_locked(attempt: Callable[[], T], busy_timeout: float, *, max_interval: float = 0.01) -> T:
-    """``attempt()``, tried again while it fails with "database is locked" or "busy", polling finely
-    (see the module docstring, and never sleeping longer than ``max_interval``) until the lock has stayed
-    out of reach for ``busy_timeout`` seconds; then the last such error is raised. Run the connection
-    with ``PRAGMA busy_timeout = 0`` so that SQLite's own growing sleeps do not come first."""
-    first_try = time.monotonic()
-    while True:  # bounded by busy_timeout
-        try:
-            return attempt()
-        except sqlite3.OperationalError as err:
-            waited = time.monotonic() - first_try
-            if not _is_busy(err) or waited >= busy_timeout:
-                raise
-        time.sleep(min(max_interval, _poll_interval(waited)))
-
-
-def _start(conn: sqlite3.Connection, sql: str, params: Sequence[Any],
-           busy_timeout: float) -> tuple[sqlite3.Cursor, float]:
-    """Start a read statement (its first step takes the lock): the cursor and when it got the lock.
-
-    A locked file is retried with :func:`retry_while_locked`.
-    """
-    def attempt() -> tuple[sqlite3.Cursor, float]:
-        started = time.monotonic()
-        return conn.execute(sql, params), started
-
-    return retry_while_locked(attempt, busy_timeout)
-
-
-class StatementWatch:
-    """Interrupts the reader's statement when it still holds the read lock past its deadline.
-
-    The statements time themselves between chunks of rows, but one chunk can wait on the disk: when the
-    store's pages are not in the OS page cache, a chunk that usually takes a fraction of a millisecond took
-    140-520 ms in the benchmark, with the gateway's commit waiting behind it. A thread of its own, armed
-    with each statement's deadline, calls ``sqlite3_interrupt``: the statement stops at its next step, the
-    rows read before that chunk are kept, and the next statement goes on from there (the pages the
-    interrupted one read are in the page cache by then). SQLite ignores an interrupt that arrives when no
-    statement runs, so a late one cannot hit the next statement.
+    Returns the guard's figures (None when it is not installed) and the tombstoned session ids that still have
+    rows in the store. Its statements run between the source's own, on its connection (busy handler off:
+    statements poll for the lock for up to ``busy_timeout`` seconds), paged by at most ``page_size`` ids and
+    watched by ``watch``. :func:`gatewayscope.guard.sqlite.read_for_scan` is the one the scan passes.
     """
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-        self._cond = threading.Condition()
-        self._deadline: float | None = None
-        self._stopped = False
-        self.interrupts = 0
-        self._thread = threading.Thread(target=self._run, name="gatewayscope-sqlite-watch", daemon=True)
-        self._thread.start()
-
-    def arm(self, deadline: float | None) -> None:
-        """Interrupt the running statement at ``deadline`` (``time.monotonic()``); None: not at all."""
-        with self._cond:
-            self._deadline = deadline
-            self._cond.notify()
-
-    def _run(self) -> None:
-        with self._cond:
-            while not self._stopped:  # bounded: ends when close() sets _stopped
-                if self._deadline is None:
-                    self._cond.wait()
-                    continue
-                left = self._deadline - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
-                self._conn.interrupt()
-                self.interrupts += 1
-                self._deadline = None
-
-    def close(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        self._thread.join()
-
-    def __enter__(self) -> StatementWatch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _is_interrupt(err: sqlite3.OperationalError) -> bool:
-    code = getattr(err, "sqlite_errorcode", None)  # Python 3.11+
-    return code == 9 if code is not None else "interrupted" in str(err)  # SQLITE_INTERRUPT
-
-
-def fetch_all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *,
-              busy_timeout: float = 10.0, watch: StatementWatch | None = None) -> tuple[list[tuple[Any, ...]], float]:
-    """Run one read statement to completion: its rows, and how long it held the read lock.
-
-    ``fetchall()`` finishes the statement, so in autocommit mode the lock is released before this
-    returns. Waits for the lock as ``_start`` does. With ``watch``, a statement still running
-    ``STATEMENT_SECONDS + WATCH_GRACE_SECONDS`` after it took the lock is interrupted once (a page cache
-    miss: the pages it read are cached by then) and run again unwatched to its end.
-    """
-    for watched in (watch, None) if watch is not None else (None,):
-        cursor, started = _start(conn, sql, params, busy_timeout)
-        try:
-            if watched is not None:
-                watched.arm(max(started + STATEMENT_SECONDS, time.monotonic()) + WATCH_GRACE_SECONDS)
-            rows = cursor.fetchall()
-        except sqlite3.OperationalError as err:
-            if watched is None or not _is_interrupt(err):
-                raise
-            continue
-        finally:
-            cursor.close()
-            if watched is not None:
-                watched.arm(None)
-        return rows, time.monotonic() - started
-    raise AssertionError("unreachable: the last try runs unwatched")
-
-
-class WriterProbe:
-    """Tells whether a writer in another process is waiting to commit to the store file.
-
-    SQLite's unix locking has a writer that wants to commit take a write lock on the file's PENDING byte
-    and keep it while it waits for the readers' shared locks to go; ``fcntl(F_GETLK)`` asks whether such
-    a lock is held without taking any. POSIX locks are per process, so a writer in this same process is
-    never seen (the statement's time bound still holds for it). The probe asks through the descriptor
-    SQLite itself opened for the reader's connection: closing a descriptor of our own would drop every
-    lock this process holds on the file, the connection's included. It turns itself off (and then
-    :meth:`writer_waiting` is always False) off Linux, when that descriptor is not found or no longer
-    refers to the file, and when looks are slow (a network filesystem asks its lock server each time).
-    """
-
-    #: SQLite's lock bytes start at 1 GiB (sqlite3PendingByte): PENDING, RESERVED, then the SHARED range
-    PENDING_BYTE = 0x40000000
-    #: Linux's struct flock on 64-bit machines: l_type, l_whence, l_start, l_len, l_pid (and padding)
-    _FLOCK = "hhqqi4x"
-
-    def __init__(self, fd: int | None, identity: tuple[int, int] | None = None) -> None:
-        self.fd = fd
-        self.identity = identity
-        self._slow_looks = 0
-        self._query = struct.pack(self._FLOCK, fcntl.F_RDLCK, os.SEEK_SET, self.PENDING_BYTE, 1, 0)
-
-    @staticmethod
-    def supported() -> bool:
-        return sys.platform.startswith("linux") and struct.calcsize(WriterProbe._FLOCK) == 32
-
-    @staticmethod
-    def open_descriptors() -> dict[int, tuple[int, int]]:
-        """This process's descriptors and the (device, inode) each refers to (Linux's /proc/self/fd)."""
-        found: dict[int, tuple[int, int]] = {}
-        with contextlib.suppress(OSError):
-            for name in os.listdir("/proc/self/fd"):
-                with contextlib.suppress(OSError, ValueError):
-                    info = os.stat(int(name))
-                    found[int(name)] = (info.st_dev, info.st_ino)
-        return found
-
-    @classmethod
-    def for_new_descriptor(cls, path: str, before: dict[int, tuple[int, int]]) -> WriterProbe:
-        """A probe on the descriptor of ``path`` opened since ``before`` was taken (by the reader's connection,
-        after its first statement), so never on another connection's descriptor that may close meanwhile."""
-        if not cls.supported():
-            return cls(None)
-        try:
-            info = os.stat(path)
-        except OSError:
-            return cls(None)
-        identity = (info.st_dev, info.st_ino)
-        for fd, refers_to in cls.open_descriptors().items():
-            if refers_to == identity and before.get(fd) != identity:
-                return cls(fd, identity)
-        return cls(None)
-
-    def still_valid(self) -> bool:
-        """Whether the descriptor still refers to the store file (checked once per statement)."""
-        if self.fd is None:
-            return False
-        try:
-            info = os.fstat(self.fd)
-        except OSError:
-            info = None
-        if info is None or (info.st_dev, info.st_ino) != self.identity:
-            self.fd = None
-        return self.fd is not None
-
-    def writer_waiting(self) -> bool:
-        """True while another process holds the PENDING byte: a writer waits for the readers to finish."""
-        if self.fd is None:
-            return False
-        asked = time.monotonic()
-        try:
-            answer = fcntl.fcntl(self.fd, fcntl.F_GETLK, self._query)
-        except OSError:  # the descriptor went away: stop asking
-            self.fd = None
-            return False
-        self._slow_looks = self._slow_looks + 1 if time.monotonic() - asked > PROBE_SLOW_SECONDS else 0
-        if self._slow_looks >= PROBE_SLOW_LOOKS:
-            self.fd = None  # this answer still counts; no more looks
-        return bool(struct.unpack(self._FLOCK, answer)[0] != fcntl.F_UNLCK)
-
-
-_FILE_LOCKS_GUARD = threading.Lock()
-_FILE_LOCKS: dict[tuple[int, int], threading.Lock] = {}
-
-
-@contextlib.contextmanager
-def one_reader_per_file(path: str) -> Iterator[None]:
-    """Hold off other reads of the same file in this process until this one ends.
-
-    Two connections of one process share its lock on the file: SQLite gives the second one a shared lock
-    from its own records, without asking the kernel, even while another process's writer holds PENDING.
-    Two interleaved readers could then keep a writer out indefinitely (two targets naming one file, read in
-    parallel), so reads of one file take turns. A path that cannot be stat'ed is not held (opening it
-    fails with its own message).
-    """
-    try:
-        info = os.stat(path)
-    except OSError:
-        yield
-        return
-    with _FILE_LOCKS_GUARD:
-        lock = _FILE_LOCKS.setdefault((info.st_dev, info.st_ino), threading.Lock())
-    with lock:
-        yield
-
-
-def fetch_for(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *, seconds: float,
-              busy_timeout: float = 10.0, probe: WriterProbe | None = None, watch: StatementWatch | None = None,
-              chunk: int | None = None) -> tuple[list[tuple[Any, ...]], bool]:
-    """Rows of one read statement, stopping once it has held the read lock ``seconds``; or, when ``probe``
-    sees a writer waiting, just before that writer's first busy-handler retry (``BUSY_RETRY_SECONDS`` after
-    its first try) at or after that bound, so the writer's commit goes through on that try. The writer's
-    first try came after the last look that saw no writer, which is what the retries are counted from;
-    it waits at most 33 ms, and the statement runs on to about 45 ms at most. With ``watch``, a chunk
-    that is still running ``WATCH_GRACE_SECONDS`` past that end (a page cache miss) is interrupted.
-
-    Returns the rows read and whether the statement ran to its end. Stopping early closes the
-    cursor, which resets the statement and so releases the lock; the rows read so far are the
-    statement's first rows, in its order. Some rows are read each time: a statement interrupted before
-    its first chunk is run again a row at a time, and if that is interrupted too, unwatched.
-    """
-    chunk = chunk or PAGE_CHUNK
-    if probe is not None and not probe.still_valid():
-        probe = None
-    watched = watch
-    while True:  # bounded: at most three tries (chunk, then one row, then unwatched)
-        cursor, started = _start(conn, sql, params, busy_timeout)
-        rows: list[tuple[Any, ...]] = []
-        bound = end = started + seconds
-        clear_at = started  # the last look that saw no writer waiting (we hold the lock: none waited before)
-        looking = probe
-        try:
-            if watched is not None:  # a slow first step (run by _start) still leaves the first chunk its grace
-                watched.arm(max(end, time.monotonic()) + WATCH_GRACE_SECONDS)
-            while True:  # bounded: each turn reads a chunk, and the statement has finitely many rows
-                fetched = cursor.fetchmany(chunk)
-                rows += fetched
-                if len(fetched) < chunk:
-                    return rows, True
-                now = time.monotonic()
-                if looking is not None:
-                    if looking.writer_waiting():
-                        retry = next((r for r in BUSY_RETRY_SECONDS if clear_at + r >= bound), BUSY_RETRY_SECONDS[-1])
-                        end = clear_at + retry - WRITER_MARGIN_SECONDS
-                        looking = None  # the end is fixed
-                        if watched is not None:
-                            watched.arm(end + WATCH_GRACE_SECONDS)
-                    else:
-                        clear_at = now
-                if now >= end:
-                    return rows, False
-        except sqlite3.OperationalError as err:
-            if watched is None or not _is_interrupt(err):
-                raise
-            if rows:
-                return rows, False  # the interrupted chunk is dropped: every row kept is whole
-        finally:
-            cursor.close()
-            if watched is not None:
-                watched.arm(None)
-        # interrupted before its first chunk: try one row at a time, and if even one row is that slow
-        # (a huge session, a huge prompt), let the statement run unwatched rather than repeat the work
-        if chunk == 1:
-            watched = None
-        chunk = 1
-
-
-def check_trace_store(conn: sqlite3.Connection, path: str, *, busy_timeout: float = 10.0) -> set[str]:
-    """Raise StoreError unless the file holds the gateway's tables; return all table names."""
-    try:
-        names, _ = fetch_all(conn, "SELECT name FROM sqlite_master WHERE type = 'table'",
-                             busy_timeout=busy_timeout)
-        tables = {row[0] for row in names}
-        for table, columns in _REQUIRED_COLUMNS.items():
-            if table not in tables:
-                raise StoreError(
-                    f"{path} is not an rLLM trace store: it has no {table!r} table "
-                    f"(tables: {', '.join(sorted(tables)) or 'none'})."
-                )
-            info, _ = fetch_all(conn, f"PRAGMA table_info({table})", busy_timeout=busy_timeout)
-            present = {row[1] for row in info}
-            missing = columns - present
-            if missing:
-                raise StoreError(f"{path} is not an rLLM trace store: table {table!r} lacks "
-                                 f"{', '.join(sorted(missing))}.")
-    except sqlite3.Error as err:
-        raise _store_error(path, err) from None
-    return tables
+    def __call__(self, conn: sqlite3.Connection, tables: set[str], *, busy_timeout: float, page_size: int,
+                 watch: StatementWatch) -> tuple[GuardStats | None, list[str]]: ...
 
 
 def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, *,
@@ -477,9 +96,9 @@ def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, 
 
     A page holds at most ``page_size`` sessions, and ends once its statement has held the read lock
     ``page_seconds`` (None: no time bound), or when a writer ``probe`` saw waiting is due to try again
-    (see :func:`fetch_for`). Either way every row is a whole session (the GROUP BY walks the index in
-    key order and emits a session once its last row is counted), so the next page starts after the
-    last session read.
+    (see :func:`~gatewayscope._sqlite.statements.fetch_for`). Either way every row is a whole session (the
+    GROUP BY walks the index in key order and emits a session once its last row is counted), so the next page
+    starts after the last session read.
     """
     last = ""
     while True:
@@ -496,39 +115,6 @@ def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, 
         if ended:
             return
         last = rows[-1][0]
-
-
-def _tombstoned_sessions(conn: sqlite3.Connection, page_size: int = TOMBSTONE_PAGE, *,
-                         busy_timeout: float = 10.0, watch: StatementWatch | None = None) -> list[str]:
-    """Ids that carry a tombstone and still have rows in the store, read a key range at a time."""
-    found: list[str] = []
-    last = ""
-    while True:
-        page, _ = fetch_all(
-            conn, f"SELECT session_id FROM {TOMBSTONE_TABLE} WHERE session_id > ? ORDER BY session_id LIMIT ?",
-            (last, page_size), busy_timeout=busy_timeout, watch=watch,
-        )
-        if not page:
-            return found
-        upper = page[-1][0]
-        present, _ = fetch_all(
-            conn, f"SELECT session_id FROM {TOMBSTONE_TABLE} AS tb WHERE session_id > ? AND session_id <= ? "
-            "AND EXISTS (SELECT 1 FROM trace_sessions AS ts WHERE ts.session_id = tb.session_id)",
-            (last, upper), busy_timeout=busy_timeout, watch=watch,
-        )
-        found.extend(row[0] for row in present)
-        if len(page) < page_size:
-            return found
-        last = upper
-
-
-def read_guard_stats(conn: sqlite3.Connection, tables: set[str]) -> GuardStats | None:
-    """The SQLite guard's figures when it is installed in this file."""
-    if TOMBSTONE_TABLE not in tables:
-        return None
-    from gatewayscope.guard import sqlite as sqlite_guard
-
-    return sqlite_guard.read_guard(conn)
 
 
 def current_weight_version(conn: sqlite3.Connection, *, busy_timeout: float = 10.0,
@@ -625,46 +211,46 @@ def _iter_trace_rows(conn: sqlite3.Connection, key: str, keys: list[Any], *, sec
 
 
 def _sessions_frame(rows: list[tuple[Any, ...]]) -> pl.DataFrame:
-    """One page as a SESSIONS_SCHEMA frame, built column by column (twice as fast as by rows)."""
+    """One page as a SESSIONS_SCHEMA frame, built column by column (cheaper than row by row)."""
     return pl.DataFrame([pl.Series(name, [row[i] for row in rows], dtype=dtype)
                          for i, (name, dtype) in enumerate(SESSIONS_SCHEMA.items())])
 
 
-def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float,
-                            page_size: int = SESSION_PAGE) -> TraceStoreData:
+def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float, page_size: int = SESSION_PAGE,
+                            guard_reader: GuardReader | None = None) -> TraceStoreData:
     """Read the sessions and candidate traces of the SQLite store at ``target.path``.
 
     ``page_size`` caps the sessions of one page; a page also ends after ``STATEMENT_SECONDS`` of lock,
     and so do candidate-trace reads. ``target.timeout_seconds`` is how long one statement may wait for
-    the lock before the read fails with StoreError.
+    the lock before the read fails with StoreError. ``guard_reader`` reads the tombstone guard's figures and
+    tombstoned sessions (see :class:`GuardReader`); without one the read reports no guard.
     """
     assert target.path, "a SQLite trace-store target needs a path"
     with one_reader_per_file(target.path):
-        return _read_trace_store_sqlite(target.path, target.timeout_seconds, policy, now=now, page_size=page_size)
+        return _read_trace_store_sqlite(target.path, target.timeout_seconds, policy, now=now, page_size=page_size,
+                                        guard_reader=guard_reader)
 
 
-def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: float, page_size: int) -> TraceStoreData:
-    descriptors = WriterProbe.open_descriptors() if WriterProbe.supported() else {}
-    conn = open_read_only(path, busy_timeout=wait)
+def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: float, page_size: int,
+                             guard_reader: GuardReader | None) -> TraceStoreData:
+    descriptors = open_descriptors()
+    conn = open_store(path, readonly=True, busy_timeout=wait)
     watch: StatementWatch | None = None
     try:
-        # our own statements poll for the lock (_start); the guard's reads keep SQLite's busy handler
-        conn.execute("PRAGMA busy_timeout = 0")
-        tables = check_trace_store(conn, path, busy_timeout=wait)
-        probe = WriterProbe.for_new_descriptor(path, descriptors)  # SQLite opened the file by now
-        watch = StatementWatch(conn)
         try:
+            # every statement polls for the lock (fetch_all, fetch_for): SQLite's busy handler stays off
+            conn.execute("PRAGMA busy_timeout = 0")
+            tables = check_trace_store(conn, path, busy_timeout=wait)
+            probe = WriterProbe.for_new_descriptor(path, descriptors)  # SQLite opened the file by now
+            watch = StatementWatch(conn)
             pages: list[pl.DataFrame] = []
             for rows in iter_session_pages(conn, page_size, busy_timeout=wait, probe=probe, watch=watch):
                 # built between statements: the gateway commits meanwhile
                 pages.append(_sessions_frame(rows))
             sessions = pl.concat(pages, rechunk=True) if pages else empty_frame(SESSIONS_SCHEMA)
             del pages
-            conn.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
-            guard = read_guard_stats(conn, tables)
-            conn.execute("PRAGMA busy_timeout = 0")
-            tombstoned = (_tombstoned_sessions(conn, min(page_size, TOMBSTONE_PAGE), busy_timeout=wait, watch=watch)
-                          if guard and guard.tombstones else [])
+            guard, tombstoned = (guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
+                                 if guard_reader is not None else (None, []))
             weight = current_weight_version(conn, busy_timeout=wait, watch=watch)
 
             idle_before = now - policy.orphan_idle_seconds
@@ -686,7 +272,7 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
                         chars, model if isinstance(model, str) else None,
                     ))
         except sqlite3.Error as err:
-            raise _store_error(path, err) from None
+            raise store_error(path, err) from None
     finally:
         if watch is not None:
             watch.close()

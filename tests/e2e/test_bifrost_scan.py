@@ -347,6 +347,7 @@ def test_only_a_scan_that_keeps_its_snapshot_pays_for_plan_fingerprints(
     from gatewayscope.remediate.plan import build_plan
     from gatewayscope.snapshot import Snapshot
     from gatewayscope.sources import bifrost
+    from gatewayscope.sources.bifrost import read as bifrost_read
 
     seed_small(emulator)
     hashed: list[str] = []
@@ -356,7 +357,7 @@ def test_only_a_scan_that_keeps_its_snapshot_pays_for_plan_fingerprints(
         hashed.append(record["name"])
         return real(record, **kwargs)
 
-    monkeypatch.setattr(bifrost, "record_fingerprint", counting)
+    monkeypatch.setattr(bifrost_read, "record_fingerprint", counting)  # where the read's rows are made
     assert main(["scan", "--bifrost", emulator.url, "--format", "json"]) == 0
     plain = json.loads(capsys.readouterr().out)["targets"][0]
     assert hashed == []  # a report has no use for them

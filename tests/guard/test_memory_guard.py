@@ -1,7 +1,7 @@
 """The in-process tombstone guard (gatewayscope.guard.memory) and the guarded gateway app, in process.
 
 The inner store is the rLLM gateway's own ``MemoryTraceStore`` (and its ``SqliteTraceStore`` once), so
-"resurrected" below means exactly what seed 000 describes: the real store re-creating a deleted session.
+"resurrected" below means the straggler race of docs/concepts.md: the real store re-creating a deleted session.
 """
 
 from __future__ import annotations

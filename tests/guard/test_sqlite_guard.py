@@ -144,7 +144,7 @@ def seed_sessions(gw: Gateway) -> None:
 
 
 def test_unguarded_store_resurrects_a_deleted_session(gw: Gateway) -> None:
-    """The baseline the guard exists for (seed 000), on the same store."""
+    """The baseline the guard exists for (the straggler race), on the same store."""
     seed_sessions(gw)
     assert gw.delete("A") == 2
     gw.write("a3", "A")  # the straggler
@@ -574,6 +574,33 @@ def test_add_tombstones_in_several_transactions(gw: Gateway, db: Path, monkeypat
     assert guard.add_tombstones(db, ids[:10]) == (10, 0)
     assert guard.add_tombstones(db, ids) == (20, 10)
     assert guard.status(db).tombstones == 30
+
+
+def test_the_scan_reads_the_guard_figures_and_the_tombstoned_sessions_that_still_have_rows(
+        gw: Gateway, db: Path) -> None:
+    from gatewayscope._sqlite.open import open_store
+    from gatewayscope._sqlite.statements import StatementWatch
+
+    seed_sessions(gw)
+    conn = open_store(db, readonly=True, busy_timeout=5.0)
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    with StatementWatch(conn) as watch:
+        assert guard.read_for_scan(conn, tables, busy_timeout=5.0, page_size=2, watch=watch) == (None, [])
+    conn.close()
+    guard.install(db)
+    # tombstones for B and C (still in the store: a delete that has not run yet) and for sessions long gone
+    guard.add_tombstones(db, ["B", "C", "gone-1", "gone-2", "gone-3"])
+    conn = open_store(db, readonly=True, busy_timeout=5.0)
+    conn.execute("PRAGMA busy_timeout = 0")
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    try:
+        with StatementWatch(conn) as watch:
+            stats, tombstoned = guard.read_for_scan(conn, tables, busy_timeout=5.0, page_size=2, watch=watch)
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 0, "the source's statements poll: handler off"
+    finally:
+        conn.close()
+    assert stats is not None and stats.tombstones == 5 and stats.triggers_intact
+    assert tombstoned == ["B", "C"], "paged two ids at a time, every page read"
 
 
 def test_read_guard_and_tombstoned_among_on_a_read_only_connection(gw: Gateway, db: Path) -> None:

@@ -13,11 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from gatewayscope._sqlite import locking, statements
+from gatewayscope._sqlite.locking import WriterProbe, one_reader_per_file, open_descriptors
+from gatewayscope._sqlite.open import open_store
+from gatewayscope._sqlite.statements import StatementWatch, fetch_all, fetch_for
 from gatewayscope.analysis.orphans import find_orphans
 from gatewayscope.config import Policy, Target
 from gatewayscope.errors import StoreError
+from gatewayscope.snapshot import GuardStats
 from gatewayscope.sources import rllm_sqlite as source
-from gatewayscope.sources.rllm_sqlite import WriterProbe, fetch_for, iter_session_pages, read_trace_store_sqlite
+from gatewayscope.sources.rllm_sqlite import iter_session_pages, read_trace_store_sqlite
 from tests.helpers import wait_for
 
 rllm_sqlite = pytest.importorskip("rllm_model_gateway.store.sqlite_store")
@@ -55,6 +60,10 @@ def target(path: Path) -> Target:
     return Target(name="file", kind="rllm", path=str(path), timeout_seconds=0.2)
 
 
+def read_only(path: Path) -> sqlite3.Connection:
+    return open_store(path, readonly=True, busy_timeout=10.0)
+
+
 def test_reads_sessions_and_candidates_read_only(tmp_path: Path) -> None:
     db = tmp_path / "traces.db"
     make_store(db, {"t1:0": 1, "t1:1": 1, "t2:0": 3, "t3:0": 1}, weight={"t1:0": 1, "t1:1": 5, "t3:0": 5})
@@ -71,6 +80,25 @@ def test_reads_sessions_and_candidates_read_only(tmp_path: Path) -> None:
     orphans = find_orphans(data, Policy(orphan_idle_seconds=2 * HOUR, max_weight_lag=2), time.time())
     # t1:1 is idle but at the current weight version: live, not an orphan
     assert orphans["session_id"].to_list() == ["t1:0"]
+
+
+def test_the_guard_figures_come_from_the_guard_reader_the_caller_passes(tmp_path: Path) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {"a:0": 1, "b:0": 2})
+    asked: list[tuple[bool, float, int, bool]] = []
+
+    def guard_reader(conn: sqlite3.Connection, tables: set[str], *, busy_timeout: float, page_size: int,
+                     watch: StatementWatch) -> tuple[GuardStats | None, list[str]]:
+        asked.append(({"traces", "trace_sessions"} <= tables, busy_timeout, page_size, watch is not None))
+        return GuardStats(tombstones=1, capacity=10, dropped_writes=3), ["b:0"]
+
+    data = read_trace_store_sqlite(target(db), Policy(), now=time.time(), page_size=50, guard_reader=guard_reader)
+    assert asked == [(True, 0.2, 50, True)]
+    assert data.guard is not None and data.guard.dropped_writes == 3 and data.capabilities["guard"]
+    # a tombstoned session is a candidate whatever its age and its number of traces
+    assert data.tombstoned_ids == ["b:0"] and set(data.candidate_traces["session_id"]) == {"b:0"}
+    plain = read_trace_store_sqlite(target(db), Policy(), now=time.time())
+    assert plain.guard is None and not plain.capabilities["guard"] and plain.tombstoned_ids == []
 
 
 def test_pages_cover_every_session_exactly_once(tmp_path: Path) -> None:
@@ -177,10 +205,10 @@ print("committed", flush=True)
 def test_probe_sees_a_writer_in_another_process_wait_for_our_read(tmp_path: Path) -> None:
     db = tmp_path / "traces.db"
     make_store(db, {f"p{i:03d}:0": 2 for i in range(200)})
-    other = source.open_read_only(str(db))  # another connection's descriptor must not be picked
+    other = read_only(db)  # another connection's descriptor must not be picked
     other.execute("SELECT 1 FROM traces LIMIT 1").fetchall()
-    before = WriterProbe.open_descriptors()
-    conn = source.open_read_only(str(db))
+    before = open_descriptors()
+    conn = read_only(db)
     cursor = conn.execute("SELECT session_id FROM trace_sessions")
     cursor.fetchone()  # the statement is open: it holds the shared lock
     probe = WriterProbe.for_new_descriptor(str(db), before)
@@ -222,7 +250,7 @@ class _ScriptedProbe(WriterProbe):
 
 
 class _Clock:
-    """``time`` for the source: every ``monotonic()`` call is ``step`` (one millisecond) later."""
+    """``time`` for the statements and the probe: every ``monotonic()`` call is ``step`` (one millisecond) later."""
 
     def __init__(self, step: float = 0.001) -> None:
         self.now = 1000.0
@@ -251,8 +279,8 @@ def test_a_statement_ends_just_before_the_waiting_writers_first_retry_past_the_b
     db = tmp_path / "traces.db"
     make_store(db, {f"w{i:03d}:0": 1 for i in range(100)})
     conn = sqlite3.connect(db)
-    monkeypatch.setattr(source, "time", _Clock())
-    monkeypatch.setattr(source, "WRITER_MARGIN_SECONDS", 0.0005)
+    monkeypatch.setattr(statements, "time", _Clock())
+    monkeypatch.setattr(statements, "WRITER_MARGIN_SECONDS", 0.0005)
     # one row per chunk and one clock tick per look
     answers = [] if writer_seen_at_look is None else [False] * (writer_seen_at_look - 1) + [True]
     rows, ended = fetch_for(conn, "SELECT session_id FROM trace_sessions ORDER BY session_id", seconds=0.0305,
@@ -276,8 +304,8 @@ def test_pages_ended_for_a_writer_still_cover_every_session_whole(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     db = tmp_path / "traces.db"
     make_store(db, {f"s{i:04d}:0": 1 + i % 4 for i in range(300)})
-    monkeypatch.setattr(source, "BUSY_RETRY_SECONDS", (0.0,))  # a seen writer's retry is due at once
-    monkeypatch.setattr(source, "PAGE_CHUNK", 7)
+    monkeypatch.setattr(statements, "BUSY_RETRY_SECONDS", (0.0,))  # a seen writer's retry is due at once
+    monkeypatch.setattr(statements, "DEFAULT_CHUNK", 7)
     conn = sqlite3.connect(db)
     expected = conn.execute("SELECT session_id, COUNT(*) FROM trace_sessions GROUP BY session_id "
                             "ORDER BY session_id").fetchall()
@@ -306,13 +334,13 @@ def test_a_probe_whose_descriptor_now_names_another_file_stops(tmp_path: Path) -
 def test_slow_looks_in_a_row_turn_the_probe_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = tmp_path / "traces.db"
     make_store(db, {"a:0": 1})
-    before = WriterProbe.open_descriptors()
-    conn = source.open_read_only(str(db))
+    before = open_descriptors()
+    conn = read_only(db)
     conn.execute("SELECT 1 FROM traces").fetchall()
     probe = WriterProbe.for_new_descriptor(str(db), before)
     assert probe.fd is not None
-    monkeypatch.setattr(source, "time", _Clock(step=0.005))  # every look seems to take 5 ms (a lock server)
-    for _ in range(source.PROBE_SLOW_LOOKS - 1):
+    monkeypatch.setattr(locking, "time", _Clock(step=0.005))  # every look seems to take 5 ms (a lock server)
+    for _ in range(locking.PROBE_SLOW_LOOKS - 1):
         assert not probe.writer_waiting()
     assert probe.fd is not None, "a slow look or two is just preemption"
     assert not probe.writer_waiting()
@@ -334,7 +362,7 @@ def test_reads_of_one_file_take_turns(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(source, "_read_trace_store_sqlite", spy)
     results: list[object] = []
     reader = threading.Thread(target=lambda: results.append(read_trace_store_sqlite(target(db), Policy(), now=0)))
-    with source.one_reader_per_file(str(db)):
+    with one_reader_per_file(str(db)):
         reader.start()
         assert not entered.wait(0.3), "a second read of the same file must wait for the first"
     reader.join(timeout=30)
@@ -343,7 +371,7 @@ def test_reads_of_one_file_take_turns(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def _stalling_connection(db: Path, after_rows: int) -> sqlite3.Connection:
     """A connection whose ``stall(n)`` sleeps 50 ms once ``n`` passes ``after_rows`` (a page cache miss)."""
-    conn = source.open_read_only(str(db))
+    conn = read_only(db)
     conn.create_function("stall", 1, lambda n: (time.sleep(0.05) if n > after_rows else None, n)[1])
     return conn
 
@@ -355,12 +383,12 @@ def test_a_chunk_stuck_past_its_end_is_interrupted_and_the_rows_before_it_are_ke
     # stalls inside its fetch, far past the 20 ms end, where no look at the clock can end it
     conn = _stalling_connection(db, after_rows=12)
     sql = "SELECT session_id, stall(ROW_NUMBER() OVER (ORDER BY session_id)) FROM trace_sessions ORDER BY session_id"
-    with source.StatementWatch(conn) as watch:
+    with StatementWatch(conn) as watch:
         rows, ended = fetch_for(conn, sql, seconds=0.02, watch=watch, chunk=5)
         assert watch.interrupts == 1
         assert not ended and [row[1] for row in rows] == list(range(1, 11)), "whole chunks only, in order"
         # the interrupt is spent: the next statement runs
-        assert source.fetch_all(conn, "SELECT COUNT(*) FROM trace_sessions", watch=watch)[0] == [(60,)]
+        assert fetch_all(conn, "SELECT COUNT(*) FROM trace_sessions", watch=watch)[0] == [(60,)]
     conn.close()
 
 
@@ -370,7 +398,7 @@ def test_a_statement_interrupted_before_its_first_rows_is_tried_a_row_at_a_time_
     make_store(db, {f"w{i:03d}:0": 1 for i in range(3)})
     conn = _stalling_connection(db, after_rows=0)  # every row takes 50 ms: even one row overruns a 0 s bound
     sql = "SELECT session_id, stall(ROW_NUMBER() OVER (ORDER BY session_id)) FROM trace_sessions ORDER BY session_id"
-    with source.StatementWatch(conn) as watch:
+    with StatementWatch(conn) as watch:
         rows, ended = fetch_for(conn, sql, seconds=0.0, watch=watch, chunk=100)
         assert watch.interrupts == 2, "the whole chunk, then a single row, then no more"
         assert not ended and [row[0] for row in rows] == ["w000:0"], "the unwatched try reads a row: progress"
@@ -381,8 +409,8 @@ def test_fetch_all_interrupted_once_runs_again_unwatched(tmp_path: Path) -> None
     db = tmp_path / "traces.db"
     make_store(db, {f"w{i:03d}:0": 1 for i in range(3)})
     conn = _stalling_connection(db, after_rows=1)  # the first row comes with the statement's start
-    with source.StatementWatch(conn) as watch:
-        rows, _ = source.fetch_all(conn, "SELECT stall(rowid) FROM trace_sessions ORDER BY rowid", watch=watch)
+    with StatementWatch(conn) as watch:
+        rows, _ = fetch_all(conn, "SELECT stall(rowid) FROM trace_sessions ORDER BY rowid", watch=watch)
         assert rows == [(1,), (2,), (3,)] and watch.interrupts == 1
     conn.close()
 
@@ -390,11 +418,11 @@ def test_fetch_all_interrupted_once_runs_again_unwatched(tmp_path: Path) -> None
 def test_an_interrupt_with_no_statement_running_does_not_hit_the_next_one(tmp_path: Path) -> None:
     db = tmp_path / "traces.db"
     make_store(db, {"a:0": 2})
-    conn = source.open_read_only(str(db))
-    with source.StatementWatch(conn) as watch:
+    conn = read_only(db)
+    with StatementWatch(conn) as watch:
         watch.arm(time.monotonic())
         wait_for("the watch to fire", lambda: watch.interrupts, lambda n: n == 1, timeout=10.0, interval=0.01)
-        assert source.fetch_all(conn, "SELECT COUNT(*) FROM traces")[0] == [(2,)]
+        assert fetch_all(conn, "SELECT COUNT(*) FROM traces")[0] == [(2,)]
     conn.close()
 
 
@@ -421,7 +449,7 @@ def test_a_trace_whose_rowid_was_reused_between_the_two_steps_is_not_taken_for_t
         return real(conn, sql, params, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(source, "fetch_for", between_the_steps)
-    conn = source.open_read_only(str(db))
+    conn = read_only(db)
     rows = [row for page in source._iter_candidate_traces(conn, ["a:0", "b:0"], seconds=60.0, busy_timeout=5.0)
             for row in page]
     conn.close()
@@ -446,7 +474,7 @@ def test_a_trace_renumbered_between_the_two_steps_is_found_by_its_id(tmp_path: P
         return real(conn, sql, params, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(source, "fetch_for", between_the_steps)
-    conn = source.open_read_only(str(db))
+    conn = read_only(db)
     rows = sorted(row[:2] for page in source._iter_candidate_traces(conn, ["a:0", "b:0", "c:0"], seconds=60.0,
                                                                     busy_timeout=5.0) for row in page)
     conn.close()

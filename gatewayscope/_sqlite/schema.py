@@ -1,0 +1,48 @@
+"""The rLLM gateway's tables a trace store holds, and the check that a file holds them."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Collection
+from typing import Any
+
+from gatewayscope._sqlite.locking import retry_while_locked
+from gatewayscope._sqlite.open import Wording
+from gatewayscope.errors import StoreError
+
+#: the gateway's tables and the columns of each that gatewayscope reads or writes
+REQUIRED_COLUMNS: dict[str, set[str]] = {
+    "traces": {"trace_id", "data", "created_at"},
+    "trace_sessions": {"trace_id", "session_id", "created_at"},
+}
+
+#: what to do with a file that holds none of the gateway's tables yet (the guard's commands say it)
+_FIRST_REQUEST_HINT = ("the gateway creates its tables on its first request, so start it with this --db-path, "
+                       "send one request (e.g. GET /sessions) and install again")
+
+
+def check_trace_store(conn: sqlite3.Connection, path: str, *, busy_timeout: float, wording: Wording = "scan",
+                      ours: Collection[str] = ()) -> set[str]:
+    """Raise StoreError unless the file holds the gateway's tables with their columns; return every table's name.
+
+    Each statement polls for the lock up to ``busy_timeout`` seconds (0: one try, in which the connection's own
+    busy handler waits); SQLite's errors are raised as they come. ``ours`` names the tables gatewayscope itself
+    adds: the guard's wording tells the user of a file that holds no other table to let the gateway create its
+    own first.
+    """
+    def rows(sql: str) -> list[Any]:
+        return retry_while_locked(lambda: conn.execute(sql).fetchall(), busy_timeout)
+
+    tables = {row[0] for row in rows("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    for table, columns in REQUIRED_COLUMNS.items():
+        if table not in tables:
+            detail = (_FIRST_REQUEST_HINT if wording == "guard" and not tables - set(ours)
+                      else f"tables: {', '.join(sorted(tables)) or 'none'}")
+            raise StoreError(f"{path} is not an rLLM trace store: it has no {table!r} table ({detail}).")
+        present = {row[1] for row in rows(f"PRAGMA table_info({table})")}
+        missing = columns - present
+        if missing:
+            which = "the column(s) " if wording == "guard" else ""
+            raise StoreError(f"{path} is not an rLLM trace store: table {table!r} lacks {which}"
+                             f"{', '.join(sorted(missing))}.")
+    return tables
