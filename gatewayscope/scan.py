@@ -1,8 +1,10 @@
-"""Read every configured target into a Snapshot, and reduce it to the scan report.
+"""Read every configured target into a Snapshot, and turn its findings into the scan report.
 
-This is the one core function behind ``gatewayscope scan``, the exporter's collectors and the
+:func:`take_snapshot` is the one read behind ``gatewayscope scan``, the exporter's collectors and the
 notebooks' snapshot view: targets are read concurrently, each under its own timeout, and a target
 that fails becomes ``up: false`` with a sentence, never an exception that hides the others.
+:func:`scan_report` is the JSON shape of the :class:`~gatewayscope.analysis.findings.Findings` of a
+snapshot (``scan --format json``; the text and HTML views render the same document).
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
-from gatewayscope.config import DEFAULT_MEMORY_LIMIT_BYTES, Config, Policy, Target
+from gatewayscope.config import Config, Policy, Target
 from gatewayscope.errors import GatewayscopeError
 from gatewayscope.snapshot import Snapshot, TargetSnapshot
 
 if TYPE_CHECKING:
+    from gatewayscope.analysis.findings import Findings, TargetFindings
     from gatewayscope.sources.rllm_http import KnownTraces
 
 log = logging.getLogger(__name__)
@@ -40,10 +43,11 @@ def read_target(target: Target, policy: Policy, *, now: float, transport: Any = 
     snap = TargetSnapshot(name=target.name, kind=target.kind, address=target.address, up=False,
                           started_at=started, duration_seconds=0.0)
     try:
-        if target.kind == "rllm" and target.path:
+        if target.kind == "rllm" and not target.is_remote:
+            from gatewayscope.guard.sqlite import read_for_scan
             from gatewayscope.sources.rllm_sqlite import read_trace_store_sqlite
 
-            snap.trace_store = read_trace_store_sqlite(target, policy, now=now)
+            snap.trace_store = read_trace_store_sqlite(target, policy, now=now, guard_reader=read_for_scan)
         elif target.kind == "rllm":
             from gatewayscope.sources.rllm_http import read_trace_store_http
 
@@ -74,8 +78,16 @@ def take_snapshot(
 ) -> Snapshot:
     """Read every target of ``config`` concurrently. ``transports`` maps a target name to an httpx transport.
 
+    ``now`` (epoch seconds, default the wall clock) is the snapshot's ``taken_at``: every idle age is
+    measured from it. ``on_target_done`` is called with each target's read as it completes.
     ``fingerprints=False`` is for reads that only report (see :func:`read_target`): such a snapshot
-    cannot be planned from.
+    cannot be planned from. A target that cannot be read is ``up=False`` with the sentence why:
+
+    >>> from gatewayscope.config import Config, Policy, Target
+    >>> config = Config(targets=[Target(name="gone", kind="rllm", path="/nonexistent/traces.db")], policy=Policy())
+    >>> snapshot = take_snapshot(config, now=1_000_000.0)
+    >>> snapshot.taken_at, snapshot.targets[0].up, snapshot.targets[0].error_kind
+    (1000000.0, False, 'store')
     """
     taken_at = time.time() if now is None else now
     transports = transports or {}
@@ -100,56 +112,55 @@ def take_snapshot(
     return snapshot
 
 
-def summarize_target(snap: TargetSnapshot, config: Config, now: float,
-                     *, deleted_ids: Collection[str] = ()) -> dict[str, Any]:
-    """The stable JSON shape of one target in ``scan --format json`` (documented in README)."""
+def target_report(found: TargetFindings) -> dict[str, Any]:
+    """The stable JSON shape of one target in ``scan --format json`` (documented in README), from its findings."""
     entry: dict[str, Any] = {
-        "name": snap.name,
-        "kind": snap.kind,
-        "address": snap.address,
-        "up": snap.up,
-        "error": snap.error,
-        "error_kind": snap.error_kind,
-        "duration_seconds": round(snap.duration_seconds, 4),
-        "warnings": list(snap.warnings),
+        "name": found.name,
+        "kind": found.kind,
+        "address": found.address,
+        "up": found.up,
+        "error": found.error,
+        "error_kind": found.error_kind,
+        "duration_seconds": round(found.duration_seconds, 4),
+        "warnings": list(found.warnings),
     }
-    if snap.kind == "rllm":
+    if found.kind == "rllm":
         entry.update({"sessions": None, "traces": None, "orphans": {"confirmed": None, "suspected": None},
                       "oldest_orphan_age_seconds": None})
-        if snap.trace_store is not None:
-            from gatewayscope.analysis.orphans import find_orphans, trace_store_summary
+        if found.orphans is not None:
+            entry.update(found.summary)
+            entry["orphan_sessions"] = found.orphans.to_dicts()
+    elif found.records is not None:
+        from gatewayscope.analysis.pools import bifrost_sentence
 
-            orphans = find_orphans(snap.trace_store, config.policy, now, deleted_ids=deleted_ids)
-            entry.update(trace_store_summary(snap.trace_store, orphans, now))
-            entry["orphan_sessions"] = orphans.to_dicts()
-    elif snap.bifrost is not None:
-        from gatewayscope.analysis.pools import bifrost_sentence, bifrost_summary
-
-        target = _find_target(config, snap.name)
-        limit = target.memory_limit_bytes if target else DEFAULT_MEMORY_LIMIT_BYTES
-        entry.update(bifrost_summary(snap.bifrost, config.policy, limit))
+        entry.update(found.summary)
         entry["restart_sentence"] = bifrost_sentence(entry)
     return entry
 
 
-def _find_target(config: Config, name: str) -> Target | None:
-    return next((t for t in config.targets if t.name == name), None)
+@overload
+def scan_report(found: Findings) -> dict[str, Any]: ...
+@overload
+def scan_report(found: Snapshot, config: Config, *, deleted_ids: Collection[str] = ()) -> dict[str, Any]: ...
 
 
-def scan_report(snapshot: Snapshot, config: Config, *, deleted_ids: Collection[str] = ()) -> dict[str, Any]:
-    """The whole scan as one JSON-able document."""
+def scan_report(found: Findings | Snapshot, config: Config | None = None, *,
+                deleted_ids: Collection[str] = ()) -> dict[str, Any]:
+    """The whole scan as one JSON-able document: the shape of ``gatewayscope scan --format json``.
+
+    Give the :class:`~gatewayscope.analysis.findings.Findings` of a snapshot; a Snapshot with its config (and
+    ``deleted_ids``) is analysed first.
+    """
     from gatewayscope import __version__
+    from gatewayscope.analysis.findings import findings
 
+    if isinstance(found, Snapshot):
+        if config is None:
+            raise TypeError("scan_report(snapshot, config): a snapshot is analysed under a config's policy")
+        found = findings(found, config, deleted_ids=deleted_ids)
     return {
         "gatewayscope_version": __version__,
-        "taken_at": snapshot.taken_at,
-        "policy": {
-            "orphan_idle_seconds": config.policy.orphan_idle_seconds,
-            "max_weight_lag": config.policy.max_weight_lag,
-            "standard_pool": config.policy.standard_pool,
-            "custom_pool": config.policy.custom_pool,
-            "queue_per_worker": config.policy.queue_per_worker,
-        },
-        "targets": [summarize_target(s, config, snapshot.taken_at, deleted_ids=deleted_ids)
-                    for s in snapshot.targets],
+        "taken_at": found.taken_at,
+        "policy": found.policy.to_dict(),
+        "targets": [target_report(t) for t in found.targets],
     }

@@ -1,4 +1,4 @@
-"""Orphan sessions of the rLLM trace store (seed 000), defined once.
+"""Orphan sessions of the rLLM trace store, defined once.
 
 Pure functions: frames in, frames out, ``now`` passed in. A session is an orphan when
 
@@ -109,7 +109,7 @@ def find_orphans(
 
 
 def orphans_by_task(orphans: pl.DataFrame) -> pl.DataFrame:
-    """Orphans grouped by task, most first: stragglers of one hard task come together (seed 000)."""
+    """Orphans grouped by task, most first: stragglers of one hard task come together."""
     return (
         orphans.group_by("task")
         .agg(
@@ -121,13 +121,17 @@ def orphans_by_task(orphans: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def trace_store_summary(data: TraceStoreData, orphans: pl.DataFrame, now: float) -> dict[str, Any]:
-    """The figures every view shows for one trace store (JSON-able)."""
+def trace_store_summary(data: TraceStoreData, orphans: pl.DataFrame, now: float,
+                        *, by_task: pl.DataFrame | None = None) -> dict[str, Any]:
+    """The figures every view shows for one trace store (JSON-able), from its orphans (:func:`find_orphans`).
+
+    ``by_task`` is :func:`orphans_by_task` of ``orphans`` when the caller has it already.
+    """
     confirmed = int((orphans["confidence"] == "confirmed").sum()) if orphans.height else 0
     last = orphans["last_trace_at"].drop_nulls()
     oldest_age = float(now - last.min()) if last.len() else None  # type: ignore[operator]
     lags = orphans["weight_lag"].drop_nulls()
-    groups = orphans_by_task(orphans)
+    groups = orphans_by_task(orphans) if by_task is None else by_task
     summary: dict[str, Any] = {
         "sessions": data.sessions.height,
         "traces": int(data.sessions["trace_count"].sum()) if data.sessions.height else 0,

@@ -1,7 +1,7 @@
 """Bifrost provider records: parked workers, queue slots, boot memory and unreachable records.
 
-Pure functions, frames in and frames out, no I/O and no clock. The rules come from seed 002
-and section 8 of the management API contract:
+Pure functions, frames in and frames out, no I/O and no clock. The rules, as the gateway and the
+platform that provisions it keep them:
 
 * a record parks ``concurrency`` worker goroutines from boot on, whether or not traffic arrives,
   and holds ``buffer_size`` queue slots; a record the gateway lists with ``provider_status``
@@ -14,9 +14,10 @@ and section 8 of the management API contract:
 * an unreachable record is one whose base URL host does not resolve from where gatewayscope runs,
   or whose ``provider_status`` is ``error``.
 
-:func:`bifrost_summary` gathers every Bifrost finding (these plus posture drift) into the one
-JSON-able dict the views show, and :func:`bifrost_sentence` says in one sentence whether the gateway
-would survive a restart within its memory limit.
+:func:`bifrost_figures` puts every Bifrost finding (these plus posture drift) into the one JSON-able
+dict the views show (:func:`bifrost_summary` computes the findings of a read first), and
+:func:`bifrost_sentence` says in one sentence whether the gateway would survive a restart within its
+memory limit. :mod:`gatewayscope.analysis.findings` runs these for every view.
 
 A small records frame (``RECORDS_SCHEMA``) for the examples below:
 
@@ -43,6 +44,7 @@ import polars as pl
 from gatewayscope.analysis.posture import posture_drift
 from gatewayscope.config import Policy
 from gatewayscope.snapshot import BifrostData
+from gatewayscope.sources.bifrost.dns import base_url_host  # the hosts the sources check
 
 #: the two record kinds, in the order every per-kind output lists them
 KINDS = ("standard", "custom")
@@ -50,29 +52,9 @@ KINDS = ("standard", "custom")
 STACK_BYTES_LOW = 2 * 1024
 #: a parked goroutine's stack: typical after growth
 STACK_BYTES_HIGH = 8 * 1024
-#: the suffix of the Anthropic-lane sibling record, sized with the custom pool (seed 002)
+#: the suffix of the Anthropic-lane sibling record, sized with the custom pool
 ANTHROPIC_LANE_SUFFIX = "__anthropic"
 _MIB = 1024 * 1024
-
-# scheme://[userinfo@](host | [ipv6])  -- the host a record's base URL names
-_HOST_PATTERN = r"^[A-Za-z][A-Za-z0-9+.\-]*://(?:[^@/?#]*@)?(?:\[([^\]/]+)\]|([^:/?#\[\]]+))"
-
-
-def base_url_host(base_url: pl.Expr) -> pl.Expr:
-    """The host a base URL names (lower case, no brackets, no port), or null when it has none.
-
-    The sources use the same expression to pick the hosts they check, so the two always agree.
-
-    >>> urls = ["https://API.example.com:8443/v1", "http://[::1]:9/x", "", None, "nourl"]
-    >>> frame = pl.DataFrame({"u": urls})
-    >>> frame.select(base_url_host(pl.col("u")).alias("host"))["host"].to_list()
-    ['api.example.com', '::1', None, None, None]
-    """
-    bracketed = base_url.str.extract(_HOST_PATTERN, 1)
-    plain = base_url.str.extract(_HOST_PATTERN, 2)
-    host = pl.coalesce(bracketed, plain).str.to_lowercase().str.strip_chars_end(".")
-    return pl.when(host.str.len_chars() > 0).then(host).otherwise(None)
-
 
 def classify_records(records: pl.DataFrame, policy: Policy) -> pl.DataFrame:
     """Add each record's kind, its target pool and queue, and what it parks now.
@@ -301,11 +283,22 @@ def bifrost_summary(data: BifrostData, policy: Policy, memory_limit_bytes: int) 
     ['drop_excess_requests', 'enforce_auth_on_inference', 'disable_content_logging']
     """
     classified = classify_records(data.records, policy)
-    kinds = {row["kind"]: row for row in per_kind(classified).iter_rows(named=True)}
-    estimate = boot_estimate(classified, memory_limit_bytes)
+    return bifrost_figures(per_kind(classified), boot_estimate(classified, memory_limit_bytes),
+                           posture_drift(data.client_config),
+                           unreachable_records(data.records, data.reachability).height, policy)
+
+
+def bifrost_figures(kinds: pl.DataFrame, estimate: BootEstimate, drift: list[str], unreachable: int,
+                    policy: Policy) -> dict[str, Any]:
+    """The dict of :func:`bifrost_summary` from findings already made.
+
+    ``kinds`` is :func:`per_kind` (extra columns are ignored), ``estimate`` the :func:`boot_estimate`,
+    ``drift`` the posture drift and ``unreachable`` the number of unreachable records.
+    """
+    rows = {row["kind"]: row for row in kinds.iter_rows(named=True)}
 
     def by_kind(column: str) -> dict[str, int]:
-        return {kind: int(kinds[kind][column]) for kind in KINDS}
+        return {kind: int(rows[kind][column]) for kind in KINDS}
 
     return {
         "records": by_kind("records"),
@@ -313,11 +306,11 @@ def bifrost_summary(data: BifrostData, policy: Policy, memory_limit_bytes: int) 
         "queue_slots": by_kind("queue_slots"),
         "records_over_pool": by_kind("over_pool"),
         "worker_stack_bytes": {"low": estimate.stack_bytes_low, "high": estimate.stack_bytes_high},
-        "memory_limit_bytes": int(memory_limit_bytes),
+        "memory_limit_bytes": int(estimate.memory_limit_bytes),
         "survives_restart": estimate.survives_restart,
         "records_to_limit": {"low": estimate.records_to_limit_low, "high": estimate.records_to_limit_high},
-        "posture_drift": posture_drift(data.client_config),
-        "unreachable_records": unreachable_records(data.records, data.reachability).height,
+        "posture_drift": list(drift),
+        "unreachable_records": int(unreachable),
         "pool_policy": {
             "standard": policy.standard_pool,
             "custom": policy.custom_pool,

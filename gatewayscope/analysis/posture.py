@@ -3,7 +3,7 @@
 (:func:`bifrost_summary` and :func:`bifrost_sentence` live in :mod:`gatewayscope.analysis.pools`
 and can be imported from here as well.)
 
-Pure functions, no I/O and no clock. The platform's safe posture (seed 002, contract section 8):
+Pure functions, no I/O and no clock. The platform's safe posture:
 
 * ``drop_excess_requests`` off: a burst past a record's queue waits instead of getting 503
   "request dropped: queue is full";

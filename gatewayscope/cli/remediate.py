@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gatewayscope.analysis.findings import findings
 from gatewayscope.cli.common import DEFAULT_CONFIG_ENV, add_target_arguments, config_from_args
 from gatewayscope.config import Config, Policy, Target, load_config
 from gatewayscope.errors import ConfigError, PlanError
@@ -92,8 +93,9 @@ def run_plan(args: argparse.Namespace) -> int:
     for path in args.deleted_from:
         deleted.update(dict.fromkeys(deleted_session_ids(Journal(path)), str(Path(path).resolve())))
     snapshot = take_snapshot(config)
-    plan = build_plan(snapshot, config, only=args.only or (), include_suspected=args.include_suspected,
-                      include_deletes=args.include_deletes, tombstone_ids=tombstone_ids, deleted_ids=deleted)
+    found = findings(snapshot, config, deleted_ids=deleted)
+    plan = build_plan(found, only=args.only or (), include_suspected=args.include_suspected,
+                      include_deletes=args.include_deletes, tombstone_ids=tombstone_ids)
     try:
         plan.save(args.out)
     except OSError as err:
@@ -103,7 +105,7 @@ def run_plan(args: argparse.Namespace) -> int:
     sys.stdout.write(f"\nPlan written to {args.out}. Review it with 'gatewayscope show {args.out}', try it with "
                      f"'gatewayscope apply {args.out}{config_flag}' (a dry run), then add --yes"
                      f"{' --allow-delete' if any(a.destructive for a in plan.actions) else ''}.\n")
-    return 0 if all(t.up for t in snapshot.targets) else 1
+    return 0 if found.up else 1
 
 
 def deleted_session_ids(journal: Journal) -> set[str]:

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from gatewayscope.analysis.findings import findings
 from gatewayscope.cli.common import add_target_arguments, config_from_args
 from gatewayscope.render import render, terminal_safe
 from gatewayscope.scan import scan_report, take_snapshot
@@ -48,7 +49,8 @@ def run_scan(args: argparse.Namespace) -> int:
         snapshot = take_snapshot(config, fingerprints=bool(args.save_snapshot))
     if args.save_snapshot:
         snapshot.save(args.save_snapshot)
-    report = scan_report(snapshot, config)
+    found = findings(snapshot, config)
+    report = scan_report(found)
     if args.format == "json":
         json.dump(report, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
@@ -56,4 +58,4 @@ def run_scan(args: argparse.Namespace) -> int:
         sys.stdout.write(render("scan.txt.j2", report=report, show_orphans=max(0, args.show_orphans)))
         if args.save_snapshot:
             sys.stdout.write(f"Snapshot saved to {terminal_safe(args.save_snapshot)}\n")
-    return 0 if all(t["up"] for t in report["targets"]) else 1
+    return 0 if found.up else 1

@@ -2,8 +2,8 @@
 
 The metric names, types and labels in :data:`METRICS` are a public contract: the dashboards, the alert
 rules and users' own queries depend on them. :func:`target_samples` turns one target's values into
-samples through the same analysis every other view uses (``find_orphans``, ``bifrost_summary``); the
-collectors only group the samples into families. Nothing here does I/O.
+samples from that read's findings (:func:`gatewayscope.analysis.findings.target_findings`, the findings every
+other view reads); the collectors only group the samples into families. Nothing here does I/O.
 
 No session id, trace id, URL or secret ever becomes a label value: the only label values are target
 names from the config, fixed vocabularies (kind, confidence, bound, setting, result, source), the
@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -26,6 +26,9 @@ from gatewayscope import __version__
 from gatewayscope.config import Policy
 from gatewayscope.exporter.cache import RESULTS, SOURCES, TargetResult
 from gatewayscope.snapshot import TargetSnapshot
+
+if TYPE_CHECKING:
+    from gatewayscope.analysis.findings import TargetFindings
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +120,7 @@ _SPECS: tuple[MetricSpec, ...] = (
 
 #: every metric the exporter can serve, by exposition name
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
-#: the names of the public contract in DESIGN.md (the others are the exporter's own, documented in README)
+#: the names of the public contract (the others are the exporter's own, documented in README)
 CONTRACT_METRICS = tuple(name for name in METRICS if not name.startswith("gatewayscope_exporter_"))
 
 
@@ -216,14 +219,18 @@ class FindingsCache:
 
 def _findings(result: TargetResult, policy: Policy, max_record_series: int) -> tuple[bool, list[Sample]]:
     """(up, findings samples) of one target's read; analysis failures are caught and reported down."""
+    from gatewayscope.analysis import findings
+
     target, snap = result.target, result.snapshot
     if not snap.up:
         return False, []
     try:
-        if target.kind == "rllm" and snap.trace_store is not None:
-            return True, _trace_store_samples(result, policy)
-        if target.kind == "bifrost" and snap.bifrost is not None:
-            return True, _bifrost_samples(result, policy, max_record_series)
+        found = findings.target_findings(snap, policy, now=snap.started_at,
+                                         memory_limit_bytes=target.memory_limit_bytes)
+        if target.kind == "rllm" and found.orphans is not None:
+            return True, _trace_store_samples(found)
+        if target.kind == "bifrost" and found.records is not None:
+            return True, _bifrost_samples(found, max_record_series)
         return False, []
     except Exception:
         log.exception("analysing the read of %s failed; reporting it down", target.name)
@@ -250,14 +257,8 @@ def target_samples(result: TargetResult, policy: Policy, *, max_record_series: i
     return [Sample("gatewayscope_up", (name, target.kind), 1.0 if up else 0.0), *head, *findings]
 
 
-def _trace_store_samples(result: TargetResult, policy: Policy) -> list[Sample]:
-    from gatewayscope.analysis.orphans import find_orphans, trace_store_summary
-
-    name, data = result.target.name, result.snapshot.trace_store
-    assert data is not None
-    now = result.snapshot.started_at
-    orphans = find_orphans(data, policy, now)
-    summary = trace_store_summary(data, orphans, now)
+def _trace_store_samples(found: TargetFindings) -> list[Sample]:
+    name, summary = found.name, found.summary
     samples = [
         Sample("gatewayscope_trace_store_sessions", (name,), float(summary["sessions"])),
         Sample("gatewayscope_trace_store_traces", (name,), float(summary["traces"])),
@@ -266,23 +267,19 @@ def _trace_store_samples(result: TargetResult, policy: Policy) -> list[Sample]:
         Sample("gatewayscope_trace_store_oldest_orphan_age_seconds", (name,),
                max(0.0, float(summary["oldest_orphan_age_seconds"] or 0.0))),
     ]
-    if data.guard is not None:
+    if found.guard is not None:
         samples += [
-            Sample("gatewayscope_trace_store_tombstones", (name,), float(data.guard.tombstones)),
-            Sample("gatewayscope_trace_store_tombstone_capacity", (name,), float(data.guard.capacity)),
-            Sample("gatewayscope_trace_store_dropped_writes_total", (name,), float(data.guard.dropped_writes)),
+            Sample("gatewayscope_trace_store_tombstones", (name,), float(found.guard.tombstones)),
+            Sample("gatewayscope_trace_store_tombstone_capacity", (name,), float(found.guard.capacity)),
+            Sample("gatewayscope_trace_store_dropped_writes_total", (name,), float(found.guard.dropped_writes)),
         ]
     return samples
 
 
-def _bifrost_samples(result: TargetResult, policy: Policy, max_record_series: int) -> list[Sample]:
-    from gatewayscope.analysis.pools import bifrost_summary, classify_records
-
-    target, data = result.target, result.snapshot.bifrost
-    assert data is not None
-    name = target.name
-    summary = bifrost_summary(data, policy, target.memory_limit_bytes)
-    drift = set(summary["posture_drift"])
+def _bifrost_samples(found: TargetFindings, max_record_series: int) -> list[Sample]:
+    assert found.records is not None
+    name, summary = found.name, found.summary
+    drift = set(found.posture_drift)
     samples: list[Sample] = []
     for kind in RECORD_KINDS:
         samples += [
@@ -292,9 +289,8 @@ def _bifrost_samples(result: TargetResult, policy: Policy, max_record_series: in
             Sample("gatewayscope_bifrost_records_over_pool", (name, kind),
                    float(summary["records_over_pool"][kind])),
         ]
-    classified = classify_records(data.records, policy)
     samples += [Sample("gatewayscope_bifrost_record_parked_workers", (name, record, kind), float(workers))
-                for record, kind, workers in record_series(classified, max_record_series)]
+                for record, kind, workers in record_series(found.records, max_record_series)]
     samples += [Sample("gatewayscope_bifrost_worker_stack_bytes", (name, bound),
                        float(summary["worker_stack_bytes"][bound])) for bound in BOUNDS]
     samples += [

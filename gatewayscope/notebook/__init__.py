@@ -1,8 +1,16 @@
-"""Notebooks and widgets: controllers that hold state and call the core, and ipywidgets views bound to them.
+"""Notebooks and widgets: controllers that hold state over the public API, and ipywidgets views bound to them.
+
+The controllers need nothing beyond ``pip install gatewayscope``; the views (:class:`SnapshotView`,
+:class:`PlanReview`) need the ``notebook`` extra (``pip install 'gatewayscope[notebook]'``) and are
+imported only when used, so importing this package never imports ipywidgets.
 
 >>> from gatewayscope.notebook import PlanController, ScanController  # doctest: +SKIP
 >>> scan = ScanController("gatewayscope.toml"); scan.scan()            # doctest: +SKIP
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from gatewayscope.notebook.controllers import (
     ConfirmationError,
@@ -12,7 +20,9 @@ from gatewayscope.notebook.controllers import (
     diff_rows,
     render_table,
 )
-from gatewayscope.notebook.widgets import PlanReview, SnapshotView
+
+if TYPE_CHECKING:
+    from gatewayscope.notebook.widgets import PlanReview, SnapshotView
 
 __all__ = [
     "ConfirmationError",
@@ -24,3 +34,20 @@ __all__ = [
     "diff_rows",
     "render_table",
 ]
+
+#: the names that need ipywidgets, loaded on first use
+_VIEWS = ("PlanReview", "SnapshotView")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _VIEWS:
+        from gatewayscope.notebook import widgets
+
+        value = getattr(widgets, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

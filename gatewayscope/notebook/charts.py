@@ -37,8 +37,9 @@ def _label(text: str) -> str:
 def _figure(width: float = 8.0, height: float = 3.2) -> Any:
     try:
         from matplotlib.figure import Figure
-    except ImportError:  # pragma: no cover - matplotlib is a dependency of the notebooks
-        raise GatewayscopeError("The notebook charts need matplotlib: pip install matplotlib") from None
+    except ImportError:  # pragma: no cover - matplotlib comes with the notebook extra
+        raise GatewayscopeError("The notebook charts need matplotlib, which is not installed: "
+                                "pip install 'gatewayscope[notebook]'") from None
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 

@@ -1,10 +1,10 @@
-"""Controllers for the notebooks: they hold the state and call the core; the widgets only bind to them.
+"""Controllers for the notebooks: state holders over the public API; the widgets only bind to them.
 
 * :class:`ScanController`: targets (a config file, or rLLM/Bifrost addresses) -> a Snapshot through
-  :func:`gatewayscope.scan.take_snapshot`; exposes the findings as polars frames (orphans, records, pools,
-  boot survival, posture, guard), as HTML through the same jinja2 templates the CLI uses, as charts, and
-  saves a snapshot for a bug report.
-* :class:`PlanController`: a plan built from the scan controller's snapshot (or loaded from a file),
+  :func:`gatewayscope.take_snapshot` -> its :func:`gatewayscope.findings`, made once per snapshot and
+  exposed as polars frames (orphans, records, pools, boot survival, posture, guard), as HTML through the
+  same jinja2 templates the CLI uses, as charts, and saves a snapshot for a bug report.
+* :class:`PlanController`: a plan built from the scan controller's findings (or loaded from a file),
   a per-action selection with kind and target filters, the before/after diff, a dry run, and a real
   apply that needs a typed confirmation (a prefix of at least 8 characters of the id of the plan that
   is applied) and, for deletes, a second one (the number of deletes). Progress is reported live through
@@ -12,6 +12,7 @@
 
 Everything a widget can do is a method here, so tests drive the controllers (and click the widgets'
 buttons) without a kernel, and a notebook run unattended by papermill does the same through its parameters.
+Nothing here imports ipywidgets: the views live in :mod:`gatewayscope.notebook.widgets`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import Any
 
 import polars as pl
 
-from gatewayscope.config import DEFAULT_MEMORY_LIMIT_BYTES, Config, Policy, Target, build_config
+from gatewayscope.analysis.findings import Findings, findings
+from gatewayscope.config import Config, Policy, Target, build_config
 from gatewayscope.errors import ConfigError, GatewayscopeError, PlanError
 from gatewayscope.remediate.apply import ActionResult, ApplyOptions, ApplyReport, apply_plan
 from gatewayscope.remediate.journal import FINAL_OUTCOMES, Journal
@@ -86,13 +88,6 @@ def render_table(frame: pl.DataFrame | Sequence[dict[str, Any]], *, title: str =
                   empty=empty or "Nothing to show.", more=max(0, frame.height - shown.height), css_class=css_class)
 
 
-def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
-    frames = [f for f in frames if f.height]
-    if not frames:
-        return pl.DataFrame(schema=schema)
-    return pl.concat(frames, how="diagonal_relaxed")
-
-
 class ScanController:
     """Targets -> a Snapshot -> findings as frames, HTML and charts. Holds the last snapshot.
 
@@ -114,6 +109,7 @@ class ScanController:
         self.bifrost_urls: list[str] = []
         self.orphan_idle_seconds = orphan_idle_seconds
         self._listeners: list[Callable[[ScanController], None]] = []
+        self._findings: Findings | None = None
         self._report: dict[str, Any] | None = None
         self._lock = threading.Lock()
         if config is not None:
@@ -143,7 +139,7 @@ class ScanController:
         self.config = config
         self.config_path, self.trace_stores, self.bifrost_urls = path, stores, bifrosts
         self.snapshot = None
-        self._report = None
+        self._findings, self._report = None, None
         self._notify()
         return config
 
@@ -174,7 +170,7 @@ class ScanController:
         snapshot = take_snapshot(self.config, transports=self.transports, on_target_done=done)
         with self._lock:
             self.snapshot = snapshot
-            self._report = None
+            self._findings, self._report = None, None
         self._notify()
         return snapshot
 
@@ -189,7 +185,7 @@ class ScanController:
                                                   path=None if remote else snap.address))
         with self._lock:
             self.snapshot = snapshot
-            self._report = None
+            self._findings, self._report = None, None
         self._notify()
         return snapshot
 
@@ -211,150 +207,71 @@ class ScanController:
 
     # -- findings --------------------------------------------------------------------------------
 
-    def report(self) -> dict[str, Any]:
-        """The scan report (the shape of ``gatewayscope scan --format json``)."""
+    def findings(self) -> Findings:
+        """The findings of the last snapshot (:func:`gatewayscope.findings`), made again only when the
+        snapshot, the policy or the deleted ids change."""
         snapshot = self.require_snapshot()
         with self._lock:
-            if self._report is None:
-                self._report = scan_report(snapshot, self.config, deleted_ids=self.deleted_ids)
-            return self._report
+            found = self._findings
+            if (found is None or found.snapshot is not snapshot or found.policy != self.config.policy
+                    or found.deleted_ids != self.deleted_ids):
+                found = self._findings = findings(snapshot, self.config, deleted_ids=self.deleted_ids)
+                self._report = None
+            return found
 
-    def _memory_limit(self, name: str) -> int:
-        target = next((t for t in self.config.targets if t.name == name), None)
-        return target.memory_limit_bytes if target else DEFAULT_MEMORY_LIMIT_BYTES
+    def report(self) -> dict[str, Any]:
+        """The scan report (the shape of ``gatewayscope scan --format json``) of :meth:`findings`."""
+        found = self.findings()
+        with self._lock:
+            if self._report is None:
+                self._report = scan_report(found)
+            return self._report
 
     def targets_frame(self) -> pl.DataFrame:
         """One row per target: name, kind, address, up, error, read duration, warnings."""
-        snapshot = self.require_snapshot()
         return pl.DataFrame(
-            [{"target": s.name, "kind": s.kind, "address": s.address, "up": s.up, "error": s.error,
-              "duration_seconds": round(s.duration_seconds, 3), "warnings": len(s.warnings)}
-             for s in snapshot.targets],
+            [{"target": t.name, "kind": t.kind, "address": t.address, "up": t.up, "error": t.error,
+              "duration_seconds": round(t.duration_seconds, 3), "warnings": len(t.warnings)}
+             for t in self.findings().targets],
             schema={"target": pl.String, "kind": pl.String, "address": pl.String, "up": pl.Boolean,
                     "error": pl.String, "duration_seconds": pl.Float64, "warnings": pl.Int64})
 
     def orphans_frame(self) -> pl.DataFrame:
         """Every orphan session of every rLLM target (``target`` first, then ORPHANS_SCHEMA)."""
-        from gatewayscope.analysis.orphans import ORPHANS_SCHEMA, find_orphans
-
-        snapshot = self.require_snapshot()
-        frames = [find_orphans(s.trace_store, self.config.policy, snapshot.taken_at, deleted_ids=self.deleted_ids)
-                  .select(pl.lit(s.name).alias("target"), pl.all())
-                  for s in snapshot.targets if s.trace_store is not None]
-        return _concat(frames, {"target": pl.String, **ORPHANS_SCHEMA})
+        return self.findings().orphans
 
     def orphan_tasks_frame(self) -> pl.DataFrame:
         """Orphans grouped by target and task, most first (stragglers of one hard task come together)."""
-        orphans = self.orphans_frame()
-        if not orphans.height:
-            return pl.DataFrame(schema={"target": pl.String, "task": pl.String, "orphans": pl.UInt32,
-                                        "confirmed": pl.UInt32, "prompt_tokens": pl.Int64})
-        return (orphans.group_by("target", "task")
-                .agg(pl.len().alias("orphans"), (pl.col("confidence") == "confirmed").sum().alias("confirmed"),
-                     pl.col("prompt_tokens").sum().alias("prompt_tokens"))
-                .sort(["orphans", "target", "task"], descending=[True, False, False]))
+        return self.findings().orphans_by_task
 
     def records_frame(self) -> pl.DataFrame:
         """Every Bifrost record with its kind, pool policy, what it parks, and whether it is unreachable."""
-        from gatewayscope.analysis.pools import classify_records, unreachable_records
-
-        snapshot = self.require_snapshot()
-        frames = []
-        for snap in snapshot.targets:
-            if snap.bifrost is None:
-                continue
-            classified = classify_records(snap.bifrost.records, self.config.policy)
-            unreachable = unreachable_records(snap.bifrost.records, snap.bifrost.reachability).select(
-                "name", pl.lit(True).alias("unreachable"), pl.col("reason").alias("unreachable_reason"))
-            frames.append(
-                classified.join(unreachable, on="name", how="left")
-                .with_columns(pl.col("unreachable").fill_null(False))
-                .select(pl.lit(snap.name).alias("target"), "name", "kind", "concurrency", "buffer_size",
-                        "target_pool", "target_queue", "over_pool", "parked_workers", "queue_slots",
-                        "stack_bytes_low", "stack_bytes_high", "base_url", "provider_status", "unreachable",
-                        "unreachable_reason")
-                .sort(["parked_workers", "name"], descending=[True, False]))
-        return _concat(frames, {"target": pl.String, "name": pl.String, "kind": pl.String})
+        found = self.findings()
+        order = {t.name: index for index, t in enumerate(found.targets)}
+        # targets in config order, each target's records by parked workers (most first), then name
+        return (found.records.select("target", "name", "kind", "concurrency", "buffer_size", "target_pool",
+                                     "target_queue", "over_pool", "parked_workers", "queue_slots", "stack_bytes_low",
+                                     "stack_bytes_high", "base_url", "provider_status", "unreachable",
+                                     "unreachable_reason")
+                .sort(pl.col("target").replace_strict(order, return_dtype=pl.Int64), pl.col("parked_workers"),
+                      pl.col("name"), descending=[False, True, False]))
 
     def pools_frame(self) -> pl.DataFrame:
         """Per Bifrost target and kind: records, parked workers, queue slots, records over pool, pool policy,
         and the boot stack memory at 2 and 8 KiB per worker."""
-        from gatewayscope.analysis.pools import classify_records, per_kind
-
-        snapshot = self.require_snapshot()
-        policy = self.config.policy
-        frames = []
-        for snap in snapshot.targets:
-            if snap.bifrost is None:
-                continue
-            classified = classify_records(snap.bifrost.records, policy)
-            stacks = classified.group_by("kind").agg(pl.col("stack_bytes_low").sum(), pl.col("stack_bytes_high").sum())
-            frames.append(
-                per_kind(classified).join(stacks, on="kind", how="left", maintain_order="left")
-                .with_columns(pl.col("stack_bytes_low", "stack_bytes_high").fill_null(0).cast(pl.Int64),
-                              pl.when(pl.col("kind") == "custom").then(pl.lit(policy.custom_pool))
-                              .otherwise(pl.lit(policy.standard_pool)).cast(pl.Int64).alias("pool_policy"))
-                .select(pl.lit(snap.name).alias("target"), pl.all()))
-        return _concat(frames, {"target": pl.String, "kind": pl.String, "records": pl.Int64,
-                                "parked_workers": pl.Int64, "queue_slots": pl.Int64, "over_pool": pl.Int64,
-                                "stack_bytes_low": pl.Int64, "stack_bytes_high": pl.Int64,
-                                "pool_policy": pl.Int64})
+        return self.findings().pools
 
     def boot_frame(self) -> pl.DataFrame:
         """Per Bifrost target: would it survive a restart? Stack memory (low/high) against its limit."""
-        from gatewayscope.analysis.pools import boot_estimate, classify_records
-
-        snapshot = self.require_snapshot()
-        rows = []
-        for snap in snapshot.targets:
-            if snap.bifrost is None:
-                continue
-            est = boot_estimate(classify_records(snap.bifrost.records, self.config.policy),
-                                self._memory_limit(snap.name))
-            rows.append({"target": snap.name, "records": est.records, "parked_workers": est.parked_workers,
-                         "stack_bytes_low": est.stack_bytes_low, "stack_bytes_high": est.stack_bytes_high,
-                         "memory_limit_bytes": est.memory_limit_bytes, "survives_restart": est.survives_restart,
-                         "records_to_limit_low": est.records_to_limit_low,
-                         "records_to_limit_high": est.records_to_limit_high})
-        return pl.DataFrame(rows, schema={
-            "target": pl.String, "records": pl.Int64, "parked_workers": pl.Int64, "stack_bytes_low": pl.Int64,
-            "stack_bytes_high": pl.Int64, "memory_limit_bytes": pl.Int64, "survives_restart": pl.String,
-            "records_to_limit_low": pl.Int64, "records_to_limit_high": pl.Int64})
+        return self.findings().boot
 
     def posture_frame(self) -> pl.DataFrame:
         """Per Bifrost target and posture setting: the value reported, the safe value, drifted or not."""
-        from gatewayscope.analysis.posture import SAFE_POSTURE, posture_drift
-
-        snapshot = self.require_snapshot()
-        rows = []
-        for snap in snapshot.targets:
-            if snap.bifrost is None:
-                continue
-            drift = set(posture_drift(snap.bifrost.client_config))
-            for setting, safe in SAFE_POSTURE.items():
-                value = snap.bifrost.client_config.get(setting)
-                rows.append({"target": snap.name, "setting": setting,
-                             "reported": None if value is None else str(value).lower(),
-                             "safe": str(safe).lower(), "drifted": setting in drift})
-        return pl.DataFrame(rows, schema={"target": pl.String, "setting": pl.String, "reported": pl.String,
-                                          "safe": pl.String, "drifted": pl.Boolean})
+        return self.findings().posture
 
     def guard_frame(self) -> pl.DataFrame:
         """Per rLLM target: the tombstone guard's figures (null where no guard is installed)."""
-        snapshot = self.require_snapshot()
-        rows = []
-        for snap in snapshot.targets:
-            if snap.trace_store is None:
-                continue
-            guard = snap.trace_store.guard
-            rows.append({"target": snap.name, "access": snap.trace_store.access, "guarded": guard is not None,
-                         "tombstones": guard.tombstones if guard else None,
-                         "capacity": guard.capacity if guard else None,
-                         "dropped_writes": guard.dropped_writes if guard else None,
-                         "evicted": guard.evicted if guard else None})
-        return pl.DataFrame(rows, schema={"target": pl.String, "access": pl.String, "guarded": pl.Boolean,
-                                          "tombstones": pl.Int64, "capacity": pl.Int64,
-                                          "dropped_writes": pl.Int64, "evicted": pl.Int64})
+        return self.findings().guard
 
     # -- views -----------------------------------------------------------------------------------
 
@@ -413,20 +330,7 @@ class ScanController:
     def counts(self) -> dict[str, int]:
         """Headline numbers for checks and verification: orphans, records over pool, drifted settings,
         unreachable records, and targets down."""
-        report = self.report()
-        out = {"orphans": 0, "confirmed_orphans": 0, "records_over_pool": 0, "posture_drift": 0,
-               "unreachable_records": 0, "targets_down": 0}
-        for t in report["targets"]:
-            if not t["up"]:
-                out["targets_down"] += 1
-            elif t["kind"] == "rllm":
-                out["orphans"] += int(t["orphans"]["confirmed"] or 0) + int(t["orphans"]["suspected"] or 0)
-                out["confirmed_orphans"] += int(t["orphans"]["confirmed"] or 0)
-            elif "records_over_pool" in t:
-                out["records_over_pool"] += sum(int(v) for v in t["records_over_pool"].values())
-                out["posture_drift"] += len(t["posture_drift"])
-                out["unreachable_records"] += int(t["unreachable_records"])
-        return out
+        return self.findings().counts
 
 
 # -- the plan -------------------------------------------------------------------------------------------
@@ -542,10 +446,8 @@ class PlanController:
             self.only = tuple(only)
         if rescan or self.scan.snapshot is None:
             self.scan.scan()
-        snapshot = self.scan.require_snapshot()
-        plan = build_plan(snapshot, self.scan.config, only=self.only, include_suspected=self.include_suspected,
-                          include_deletes=self.include_deletes, tombstone_ids=self.tombstone_ids,
-                          deleted_ids=self.scan.deleted_ids)
+        plan = build_plan(self.scan.findings(), only=self.only, include_suspected=self.include_suspected,
+                          include_deletes=self.include_deletes, tombstone_ids=self.tombstone_ids)
         self._set_plan(plan, "built from the scan")
         return plan
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 import html
 from typing import Any
 
-import ipywidgets as widgets
-
 from gatewayscope.errors import GatewayscopeError
 from gatewayscope.notebook.controllers import (
     MIN_CONFIRMATION_CHARS,
@@ -32,6 +30,16 @@ from gatewayscope.notebook.controllers import (
 from gatewayscope.remediate.plan import ACTION_KINDS
 from gatewayscope.remediate.review import before_after
 from gatewayscope.render import terminal_safe
+
+#: what to install for the views: ipywidgets is not a dependency of the core package
+INSTALL_HINT = "pip install 'gatewayscope[notebook]'"
+
+try:
+    import ipywidgets as widgets
+except ImportError as err:  # the views are the notebook extra; the controllers work without it
+    raise ImportError(f"The notebook views (SnapshotView, PlanReview) need ipywidgets, which is not installed: "
+                      f"{INSTALL_HINT}. The controllers (ScanController, PlanController) work without it.",
+                      name="ipywidgets") from err
 
 #: action checkboxes shown at once (the filters narrow the rest; Select shown acts on all of them)
 MAX_CHECKBOXES = 100

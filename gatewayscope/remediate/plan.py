@@ -1,4 +1,4 @@
-"""Remediation plans: pure data computed from a Snapshot, serialised to JSON with a content hash.
+"""Remediation plans: pure data computed from the Findings of a Snapshot, serialised to JSON with a content hash.
 
 A plan lists Actions; each names its target, subject, the state before and after, a one-line reason
 and the fingerprint of the state it was planned against. :mod:`gatewayscope.remediate.apply` executes
@@ -26,18 +26,17 @@ import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import polars as pl
 
 from gatewayscope import __version__
-from gatewayscope.analysis.orphans import find_orphans
-from gatewayscope.analysis.pools import classify_records, unreachable_records
-from gatewayscope.analysis.posture import SAFE_POSTURE, posture_drift
+from gatewayscope.analysis.findings import Findings, TargetFindings, findings
+from gatewayscope.analysis.posture import SAFE_POSTURE
 from gatewayscope.config import Config
 from gatewayscope.errors import ConfigError, PlanError
 from gatewayscope.render import human_seconds
-from gatewayscope.snapshot import Snapshot, TargetSnapshot
+from gatewayscope.snapshot import Snapshot
 
 SCHEMA_VERSION = 1
 STACK_LOW_BYTES = 2 * 1024
@@ -389,12 +388,10 @@ def posture_fingerprint(client_config: dict[str, Any]) -> str:
     return _hash({k: v for k, v in client_config.items() if k not in SAFE_POSTURE})
 
 
-def _rllm_actions(snap: TargetSnapshot, config: Config, now: float, *, include_suspected: bool,
-                  tombstone_ids: Collection[str], deleted_ids: Collection[str],
-                  warnings: list[str]) -> list[Action]:
-    data = snap.trace_store
-    assert data is not None
-    orphans = find_orphans(data, config.policy, now, deleted_ids=deleted_ids)
+def _rllm_actions(found: TargetFindings, *, include_suspected: bool, tombstone_ids: Collection[str],
+                  deleted_ids: Collection[str], warnings: list[str]) -> list[Action]:
+    snap, data, orphans = found.snapshot, found.snapshot.trace_store, found.orphans
+    assert data is not None and orphans is not None
     chosen = orphans if include_suspected else orphans.filter(pl.col("confidence") == "confirmed")
     skipped = orphans.height - chosen.height
     if skipped:
@@ -496,22 +493,17 @@ def _memory_delete_time(sessions: int, traces: int, chosen: pl.DataFrame) -> str
     return f"about {human_seconds(low)} to {human_seconds(high)} at this store's size"
 
 
-def _bifrost_actions(snap: TargetSnapshot, config: Config, *, include_deletes: bool,
-                     warnings: list[str]) -> list[Action]:
-    data = snap.bifrost
-    assert data is not None
+def _bifrost_actions(found: TargetFindings, *, include_deletes: bool, warnings: list[str]) -> list[Action]:
+    snap, data, classified = found.snapshot, found.snapshot.bifrost, found.records
+    assert data is not None and classified is not None
     if data.records["fingerprint"].null_count():
-        # safety: apply writes a record only while it still matches what was planned, which needs these
+        # apply writes a record only while it still matches what was planned, which needs these
         raise PlanError(f"{snap.name}: the records were read without plan fingerprints (a report-only read, "
                         "like the exporter's or a scan that saved no snapshot); plan from a fresh read "
                         "('gatewayscope plan') or a snapshot saved with 'gatewayscope scan --save-snapshot'.")
-    policy = config.policy
-    classified = classify_records(data.records, policy)
-    unreachable = unreachable_records(data.records, data.reachability)
-    unreachable_reason = dict(zip(unreachable["name"].to_list(), unreachable["reason"].to_list(), strict=True))
     actions: list[Action] = []
 
-    drift = posture_drift(data.client_config)
+    drift = list(found.posture_drift)
     if drift:
         actions.append(Action(
             id="", kind="posture_fix", target=snap.name, subject="client_config",
@@ -524,14 +516,14 @@ def _bifrost_actions(snap: TargetSnapshot, config: Config, *, include_deletes: b
     blocked = 0
     for row in classified.sort("name").iter_rows(named=True):
         name = row["name"]
-        if name in unreachable_reason:
+        if row["unreachable"]:
             if include_deletes:
                 actions.append(Action(
                     id="", kind="record_delete", target=snap.name, subject=name,
                     before={"concurrency": row["concurrency"], "buffer_size": row["buffer_size"],
                             "base_url": row["base_url"]},
                     after={"exists": False},
-                    reason=(f"cannot be resized ({unreachable_reason[name]}); a provision still in use "
+                    reason=(f"cannot be resized ({row['unreachable_reason']}); a provision still in use "
                             "sets it up again"),
                     fingerprint=row["fingerprint"],
                     details={"record_kind": row["kind"], "frees_workers": row["parked_workers"],
@@ -563,9 +555,19 @@ def _bifrost_actions(snap: TargetSnapshot, config: Config, *, include_deletes: b
     return actions
 
 
+@overload
+def build_plan(found: Findings, config: None = None, *, only: Collection[str] = (), include_suspected: bool = False,
+               include_deletes: bool = False, tombstone_ids: Collection[str] = (),
+               created_at: float | None = None) -> Plan: ...
+@overload
+def build_plan(found: Snapshot, config: Config, *, only: Collection[str] = (), include_suspected: bool = False,
+               include_deletes: bool = False, tombstone_ids: Collection[str] = (),
+               deleted_ids: Collection[str] = (), created_at: float | None = None) -> Plan: ...
+
+
 def build_plan(
-    snapshot: Snapshot,
-    config: Config,
+    found: Findings | Snapshot,
+    config: Config | None = None,
     *,
     only: Collection[str] = (),
     include_suspected: bool = False,
@@ -574,20 +576,39 @@ def build_plan(
     deleted_ids: Collection[str] = (),
     created_at: float | None = None,
 ) -> Plan:
-    """The plan for ``snapshot`` under ``config``'s policy. Pure: no I/O, no clock unless ``created_at`` is None.
+    """The plan that repairs ``found`` (the :class:`~gatewayscope.Findings` of a snapshot). Pure: no I/O, and no
+    clock unless ``created_at`` is None.
 
-    ``only`` restricts the action kinds; ``tombstone_ids`` adds ids to backfill on guarded stores;
-    ``deleted_ids`` are ids known to have been deleted before (they confirm an orphan); a mapping from id to
-    the journal that recorded the delete lets apply re-check that evidence before it deletes again.
+    The plan deletes confirmed orphan sessions (suspected ones too with ``include_suspected``), tombstones
+    proven-deleted ids first on guarded stores, sets drifted Bifrost posture back, shrinks records over
+    their kind's pool and, with ``include_deletes``, deletes records that cannot be resized. ``only``
+    restricts the action kinds; ``tombstone_ids`` adds ids to backfill on guarded stores. Session ids known to
+    have been deleted before confirm an orphan: give them to :func:`~gatewayscope.findings` (a mapping from id
+    to the journal that recorded the delete lets apply re-check that evidence before it deletes again).
+
+    A Snapshot with its ``config`` (and ``deleted_ids``) is analysed first.
+
+    >>> from gatewayscope import Config, Policy, Snapshot, findings
+    >>> empty = findings(Snapshot(taken_at=0.0, targets=[]), Config(targets=[], policy=Policy()))
+    >>> plan = build_plan(empty, created_at=0.0)
+    >>> len(plan.actions), plan.policy["include_suspected"], len(plan.id)
+    (0, False, 32)
     """
+    if isinstance(found, Snapshot):
+        if config is None:
+            raise TypeError("build_plan(snapshot, config): a snapshot is planned under a config's policy")
+        found = findings(found, config, deleted_ids=deleted_ids)
+    elif config is not None or deleted_ids:
+        raise TypeError("build_plan(findings): the findings carry their policy and deleted ids; give them to "
+                        "findings() instead")
     unknown = set(only) - set(ACTION_KINDS)
     if unknown:
         raise PlanError(f"Unknown action kind(s) {', '.join(sorted(unknown))}; choose from {', '.join(ACTION_KINDS)}.")
     warnings: list[str] = []
     actions: list[Action] = []
     targets: list[dict[str, Any]] = []
-    now = snapshot.taken_at
-    for snap in snapshot.targets:
+    for target in found.targets:
+        snap = target.snapshot
         entry: dict[str, Any] = {"name": snap.name, "kind": snap.kind, "address": snap.address}
         if not snap.up:
             warnings.append(f"{snap.name}: not planned, it did not answer ({snap.error}).")
@@ -598,10 +619,10 @@ def build_plan(
             entry["access"] = snap.trace_store.access
             entry["capabilities"] = dict(snap.trace_store.capabilities)
             entry["guarded"] = snap.trace_store.guard is not None
-            actions += _rllm_actions(snap, config, now, include_suspected=include_suspected,
-                                     tombstone_ids=tombstone_ids, deleted_ids=deleted_ids, warnings=warnings)
+            actions += _rllm_actions(target, include_suspected=include_suspected, tombstone_ids=tombstone_ids,
+                                     deleted_ids=found.deleted_ids, warnings=warnings)
         elif snap.bifrost is not None:
-            actions += _bifrost_actions(snap, config, include_deletes=include_deletes, warnings=warnings)
+            actions += _bifrost_actions(target, include_deletes=include_deletes, warnings=warnings)
         targets.append(entry)
     if only:
         actions = [a for a in actions if a.kind in only]
@@ -609,7 +630,7 @@ def build_plan(
     seen: set[tuple[str, str]] = set()
     for index, action in enumerate(actions, start=1):
         key = (action.target, action.subject)
-        if key in seen:  # safety rule 8: never two actions on one subject
+        if key in seen:  # one action per subject: apply re-reads and writes each subject once
             raise PlanError(f"internal: two actions on {action.target}/{action.subject}")
         seen.add(key)
         action.id = f"a{index:05d}"
@@ -620,15 +641,7 @@ def build_plan(
         created_at=time.time() if created_at is None else created_at,
         targets=targets,
         actions=actions,
-        policy={
-            "orphan_idle_seconds": config.policy.orphan_idle_seconds,
-            "max_weight_lag": config.policy.max_weight_lag,
-            "standard_pool": config.policy.standard_pool,
-            "custom_pool": config.policy.custom_pool,
-            "queue_per_worker": config.policy.queue_per_worker,
-            "include_suspected": include_suspected,
-            "include_deletes": include_deletes,
-        },
+        policy={**found.policy.to_dict(), "include_suspected": include_suspected, "include_deletes": include_deletes},
         warnings=warnings,
     )
     plan.id = plan.compute_id()

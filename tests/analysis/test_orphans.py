@@ -1,4 +1,4 @@
-"""The orphan rules of seed 000, on hand-made frames."""
+"""The orphan rules, on hand-made frames."""
 
 from __future__ import annotations
 

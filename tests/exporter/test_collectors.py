@@ -302,22 +302,22 @@ def test_the_contract_names_are_exactly_those_of_the_design() -> None:
 # -- the findings cache: a scrape served from the per-target cache does not analyse again ------------
 
 def test_findings_are_analysed_once_per_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gatewayscope.analysis import orphans, pools
+    from gatewayscope.analysis import findings
     from gatewayscope.exporter.collectors import FindingsCache
 
     calls = {"orphans": 0, "pools": 0}
-    real_orphans, real_summary = orphans.find_orphans, pools.bifrost_summary
+    real_orphans, real_classify = findings.find_orphans, findings.classify_records
 
     def counting_orphans(*args: Any, **kwargs: Any) -> Any:
         calls["orphans"] += 1
         return real_orphans(*args, **kwargs)
 
-    def counting_summary(*args: Any, **kwargs: Any) -> Any:
+    def counting_classify(*args: Any, **kwargs: Any) -> Any:
         calls["pools"] += 1
-        return real_summary(*args, **kwargs)
+        return real_classify(*args, **kwargs)
 
-    monkeypatch.setattr(orphans, "find_orphans", counting_orphans)
-    monkeypatch.setattr(pools, "bifrost_summary", counting_summary)
+    monkeypatch.setattr(findings, "find_orphans", counting_orphans)
+    monkeypatch.setattr(findings, "classify_records", counting_classify)
     cache = FindingsCache()
     rllm, bifrost = rllm_snapshot(), bifrost_snapshot()
 

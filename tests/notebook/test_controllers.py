@@ -133,6 +133,29 @@ def test_snapshot_view_shows_what_the_emulator_parks(emu: BifrostEmulator, tmp_p
     assert offline.counts() == scan.counts()
 
 
+def test_the_controller_reads_findings_made_once_per_snapshot_and_policy(emu: BifrostEmulator) -> None:
+    from gatewayscope.scan import scan_report
+
+    seed_small(emu)
+    scan = ScanController(config=bifrost_config(emu))
+    with pytest.raises(Exception, match="No snapshot yet"):
+        scan.findings()
+    scan.scan()
+    found = scan.findings()
+    assert scan.findings() is found  # every frame and view of this snapshot reads these
+    assert scan.pools_frame() is found.pools and scan.boot_frame() is found.boot
+    assert scan.counts() == found.counts and scan.report() == scan_report(found)
+    assert scan.records_frame().height == found.records.height
+    scan.config.policy.custom_pool = 32  # a policy change is judged again, without reading the targets again
+    again = scan.findings()
+    assert again is not found and again.snapshot is found.snapshot and again.policy.custom_pool == 32
+    assert again.counts["records_over_pool"] >= found.counts["records_over_pool"]
+    scan.deleted_ids.add("some-session:0")
+    assert scan.findings() is not again
+    scan.scan()
+    assert scan.findings().snapshot is scan.snapshot
+
+
 def test_the_target_picker_takes_a_config_file(emu: BifrostEmulator, tmp_path: Path) -> None:
     seed_small(emu)
     view = SnapshotView(ScanController())

@@ -461,3 +461,28 @@ def test_a_plan_from_a_store_full_of_secrets_holds_none(tmp_path: Path, monkeypa
             assert "BEGIN CERTIFICATE" not in text
             assert not re.search(r".{4}\*{24}.{4}", text), "a masked value in the plan file"
             assert "<REDACTED>" not in text  # the gateway's FullyRedacted marker
+
+
+# -- the input: findings ------------------------------------------------------------------------------------------
+
+def test_a_plan_from_findings_is_the_plan_from_their_snapshot() -> None:
+    from gatewayscope.analysis.findings import findings
+
+    snap = snapshot(rllm_target(SESSIONS, tombstoned=("confirmed:0",), guard=GUARD),
+                    bifrost_target([record("acme__m", 1000, 5000), record("acme__gone", 1000, 5000,
+                                                                            base_url="http://gone.invalid/v1")],
+                                   client_config={}, dead_hosts=("gone.invalid",)))
+    config = config_for(snap)
+    deleted = {"back:0": "/srv/journal.jsonl"}
+    found = findings(snap, config, deleted_ids=deleted)
+    kwargs: dict[str, Any] = {"include_suspected": True, "include_deletes": True, "created_at": NOW}
+    from_findings = build_plan(found, **kwargs)
+    assert from_findings.to_dict() == build_plan(snap, config, deleted_ids=deleted, **kwargs).to_dict()
+    # the findings decide: the orphans it found are the sessions it deletes, the records it flags the ones it acts on
+    deletes = {a.subject for a in from_findings.actions if a.kind == "session_delete"}
+    assert deletes == set(found.orphans["session_id"])
+    record_delete = next(a for a in from_findings.actions if a.kind == "record_delete")
+    assert record_delete.subject == "acme__gone"
+    assert found.unreachable.row(0, named=True)["reason"] in record_delete.reason
+    with pytest.raises(TypeError):
+        build_plan(found, config)  # type: ignore[call-overload]
