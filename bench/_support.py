@@ -162,10 +162,11 @@ def _child_emulator(port: int, records: int, dead_fraction: float, latency: floa
     from gatewayscope.sandbox.bifrost_emulator import server as emulator_server
     from gatewayscope.sandbox.bifrost_emulator.seed import drifted_config
 
-    # Bifrost is a Go server, and Go sets TCP_NODELAY on every connection. The emulator's stdlib handler
-    # does not: it writes the headers and the body in two segments, so on a keep-alive connection each
-    # answer waits ~40 ms for the client's delayed ACK (Nagle). Measured against that, every client that
-    # reuses its connection (ours does, as any HTTP client) would pay 40 ms a call that Bifrost never costs.
+    # Bifrost is a Go server, and Go sets TCP_NODELAY on every connection, so the emulator must too, or the
+    # benchmark measures Nagle's algorithm: the stdlib handler writes the headers and the body in two
+    # segments, and on a keep-alive connection each answer would wait for the client's delayed ACK, a cost
+    # every client that reuses its connection (ours does, as any HTTP client) would pay and Bifrost never
+    # charges (docs/performance.md, "Figures behind the code").
     emulator_server._Handler.disable_nagle_algorithm = True
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -11,7 +11,7 @@ A benchmark plugs in with one function::
                            checks=[Check.ratio(ours / bare, 1.5)], peak_rss_bytes=...)
 
 Put it in any module of the ``bench`` package (a name not starting with ``_``): ``discover`` imports
-every such module, so no list needs editing. Rules (DESIGN.md, "Performance"): compare against a bare
+every such module, so no list needs editing. Rules (docs/performance.md): compare against a bare
 baseline measured in the same run, report medians of several runs, measure in fresh subprocesses so a
 peak RSS is the measured work's own, and never assert a wall-clock time in a test.
 """

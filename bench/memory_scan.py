@@ -45,7 +45,7 @@ SIZES = {"full": 100_000, "small": 10_000, "tiny": 600}
 ORPHAN_SHARE = 0.015
 IDLE = 7200.0
 RATIO_TARGET = 1.3
-#: a run this much slower than its side's best took a gateway GC pause (they add 100% or more)
+#: a run this much slower than its side's best took a gateway GC pause (a pause outlasts a pause-free run)
 PAUSED = 1.5
 
 
@@ -128,11 +128,10 @@ def memory_store_scan(ctx: BenchContext) -> BenchResult:
             for side in ((bare, ours) if i % 2 == 0 else (ours, bare)):
                 (ours_runs if side is ours else bare_runs).append(side())
     # means, not medians: the gateway pauses for a generation-2 collection of its heap on about every other
-    # big listing, whoever asks (py-spy --native: 46% of its samples in gc_collect at 30,000 sessions; a
-    # pause is ~2.8 s at 100,000 sessions, more than a whole pause-free scan), so each side's times are
+    # big listing, whoever asks, and a pause can outlast a whole pause-free scan, so each side's times are
     # bimodal and a median picks a mode by luck; a mean over many alternating runs shares the pauses out
-    # as they fall (8 runs a side gave 1.15x and 1.35x in two runs of the same code). The pause-free
-    # ratio (best run of each side) and how many runs of each side took a pause are shown too.
+    # as they fall (the figures: docs/performance.md, "Figures behind the code"). The pause-free ratio
+    # (best run of each side) and how many runs of each side took a pause are shown too.
     ours_s = statistics.fmean(r["seconds"] for r in ours_runs)
     bare_s = statistics.fmean(r["seconds"] for r in bare_runs)
     best_ours, best_bare = min(r["seconds"] for r in ours_runs), min(r["seconds"] for r in bare_runs)

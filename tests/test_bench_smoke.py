@@ -1,7 +1,7 @@
 """Keep ``python -m bench`` working: the SQLite scan benchmark end to end at its tiniest size.
 
-It asserts only that a row came out with numbers in it, never a time or a ratio (DESIGN.md: timings
-are measured in ``bench/``, tests never assert wall-clock times).
+It asserts only that a row came out with numbers in it, never a time or a ratio (docs/performance.md:
+timings are measured in ``bench/``, tests never assert wall-clock times).
 """
 
 from __future__ import annotations

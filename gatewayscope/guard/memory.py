@@ -1,10 +1,10 @@
 """The tombstone guard for the rLLM gateway's trace store, in process.
 
 :class:`GuardedTraceStore` wraps ANY store that implements the gateway's ``TraceStore`` protocol
-(``MemoryTraceStore``, ``SqliteTraceStore``, a custom one) and fixes the persist-after-delete race of
-seed 000: traces persist fire-and-forget, so an LLM call still in flight when a rollout flushes and
-deletes its session returns later and its ``store_trace`` re-creates the deleted session as a
-permanent one-trace orphan.
+(``MemoryTraceStore``, ``SqliteTraceStore``, a custom one) and fixes the persist-after-delete race
+(the straggler race, docs/concepts.md): traces persist fire-and-forget, so an LLM call still in flight
+when a rollout flushes and deletes its session returns later and its ``store_trace`` re-creates the
+deleted session as a permanent one-trace orphan.
 
 * ``delete_session`` records a tombstone for the id *before* it awaits the inner delete, so a
   straggler that arrives while the inner delete is still running is dropped too. A write for that id

@@ -4,8 +4,8 @@
 
 * the stub inference worker;
 * two real, unmodified ``rllm-model-gateway`` processes in front of it, one with the memory store and
-  one with the SQLite store, each driven through real rollouts with stragglers, so the seed-000 race
-  leaves real one-trace orphans behind;
+  one with the SQLite store, each driven through real rollouts with stragglers, so the straggler race
+  (docs/concepts.md) leaves real one-trace orphans behind;
 * the Bifrost emulator seeded with a realistic store (when available);
 * optionally (``with_exporter``) the Prometheus exporter against the sandbox's config, as its own process
   (``gatewayscope export --config ... --listen 127.0.0.1:PORT``).

@@ -1,4 +1,4 @@
-"""Drive rLLM-style rollouts through an rLLM model gateway, with real stragglers (seed 000).
+"""Drive rLLM-style rollouts through an rLLM gateway with real stragglers (the straggler race, docs/concepts.md).
 
 A rollout behaves like rLLM's: its session id is ``f"{uuid4()}:{rollout_idx}"`` (several rollouts of one
 task share the uuid), it makes ``calls_per_rollout`` chat calls through

@@ -1,4 +1,4 @@
-"""The safety protocol of apply (DESIGN.md, rules 1-10), one rule at a time, against real HTTP.
+"""The safety rules of apply (docs/remediation.md, rules 1-11), one rule at a time, against real HTTP.
 
 Every Bifrost test runs the real Bifrost emulator (a real HTTP server on loopback) with its fault
 injection, and asserts on what went over the wire (the emulator's request log, bodies included) and on
@@ -58,7 +58,7 @@ from tests.helpers import age, session_counts, write_store
 
 NOW = 1_750_000_000.0
 MS = 1_000_000  # nanoseconds
-#: a masked secret as a listing shows it: first 4 + 24 ``*`` + last 4 (contract §1)
+#: a masked secret as a listing shows it: first 4 + 24 ``*`` + last 4 (docs/sandbox.md, §1 masking)
 MASK = re.compile(r"[^\"]{4}\*{24}[^\"]{4}")
 #: blocks a pool write must leave out (PUT keeps them when absent; their secrets are masked in a listing)
 NEVER_IN_A_POOL_WRITE = {"keys", "proxy_config", "openai_config", "prompt_cache", "store_raw_request_response"}
@@ -309,13 +309,14 @@ def test_rule2_sessions_are_reread_before_each_delete(tmp_path: Path) -> None:
 
 def test_rule3_pool_write_sends_back_what_put_resets_and_nothing_masked(emu: BifrostEmulator,
                                                                         tmp_path: Path) -> None:
-    """Rule 3 (and contract §8). Every pool PUT carries exactly network_config, custom_provider_config
-    (custom records), send_back_raw_request/response and the new pool: the first three exactly as read,
-    never keys, proxy_config, openai_config, prompt_cache or store_raw_request_response, and no masked
-    value (4+24*+4 or <REDACTED>) anywhere. The stored proxy secrets, keys, openai/prompt-cache blocks and
-    raw switches survive. A record whose network block holds a CA certificate (masked in every listing)
-    is refused without a PUT. Catches: sending the record as read (masked secrets, keys), or leaving out
-    what PUT resets when absent (network_config, custom_provider_config, send_back_raw_*)."""
+    """Rule 3 (and what a PUT resets when a block is omitted: docs/sandbox.md, §2.5). Every pool PUT
+    carries exactly network_config, custom_provider_config (custom records), send_back_raw_request/response
+    and the new pool: the first three exactly as read, never keys, proxy_config, openai_config, prompt_cache
+    or store_raw_request_response, and no masked value (4+24*+4 or <REDACTED>) anywhere. The stored proxy
+    secrets, keys, openai/prompt-cache blocks and raw switches survive. A record whose network block holds a
+    CA certificate (masked in every listing) is refused without a PUT. Catches: sending the record as read
+    (masked secrets, keys), or leaving out what PUT resets when absent (network_config,
+    custom_provider_config, send_back_raw_*)."""
     emu.put_record(ProviderRecord(
         "orgzeta__store__m", network_config=NetworkConfig(base_url="http://localhost:18080/v1",
                                                           extra_headers={"X-Org-Id": "orgzeta"},
@@ -825,7 +826,7 @@ def test_rule10_resume_from_a_journal_cut_mid_apply(emu: BifrostEmulator, tmp_pa
     assert emu.requests() == []
 
 
-# -- tombstone first, then delete (DESIGN: the guard; the order apply keeps) -------------------------------------
+# -- rule 11: tombstones first, then deletes (the order apply keeps) --------------------------------------------
 
 def sqlite_plan(db: Path, **kwargs: Any) -> tuple[Plan, Config]:
     from gatewayscope.scan import take_snapshot
@@ -835,7 +836,7 @@ def sqlite_plan(db: Path, **kwargs: Any) -> tuple[Plan, Config]:
 
 
 def test_tombstones_land_before_any_delete_and_a_failed_backfill_stops_the_deletes(tmp_path: Path) -> None:
-    """Tombstone first, then delete (DESIGN, the guard; apply's phase order). On a store with the SQLite
+    """Rule 11. Tombstones first, then deletes (apply's phase order). On a store with the SQLite
     guard the backfill's outcome is journaled before the first delete attempt. If the backfill fails (the
     guard was removed after planning), the deletes of that target are skipped, not run unprotected."""
     from gatewayscope.guard import sqlite as sqlite_guard

@@ -1,7 +1,8 @@
-"""Conformance tests of the Bifrost management-API emulator against contracts/bifrost-management-api.md.
+"""Conformance tests of the Bifrost management-API emulator against docs/sandbox.md, "The emulated management API".
 
-Every test talks HTTP (httpx) to a real emulator on a free loopback port and asserts what the contract
-says: status codes, exact messages, shapes, bytes on the wire. Section numbers (§) refer to the contract.
+Every test talks HTTP (httpx) to a real emulator on a free loopback port and asserts what that section
+describes: status codes, exact messages, shapes, bytes on the wire. Section numbers (§) refer to its
+subsections.
 """
 
 from __future__ import annotations
@@ -569,7 +570,7 @@ def test_backoff_input_forms(client: httpx.Client) -> None:
 
 def test_model_discovery_delay_applies_after_the_write_to_records_with_keys() -> None:
     """§2.9: the upstream listing runs after the store write and only for a record with keys (or key-less)."""
-    with running(model_discovery_delay=60) as emulator:  # capped at the contract's 15 s
+    with running(model_discovery_delay=60) as emulator:  # capped at the gateway's 15 s
         seed_small(emulator)
         body = {"concurrency_and_buffer_size": {"concurrency": 8, "buffer_size": 64}}
         with httpx.Client(base_url=emulator.url, timeout=0.5) as http, pytest.raises(httpx.ReadTimeout):
@@ -753,7 +754,7 @@ def test_config_enabling_auth_locks_the_api(client: httpx.Client, emu: BifrostEm
 
 
 # --------------------------------------------------------------------------------------------------
-# §5 auth, §7 health/version
+# §5 auth, §6 health/version
 
 def test_auth_off_everything_open(client: httpx.Client) -> None:
     assert client.get("/api/providers").status_code == 200
@@ -813,7 +814,7 @@ def test_unknown_route_and_method(client: httpx.Client) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# §3/§8 parked workers
+# §3 worker accounting: parked workers
 
 def test_worker_accounting(small: BifrostEmulator, client: httpx.Client) -> None:
     state = client.get("/_emulator/state").json()

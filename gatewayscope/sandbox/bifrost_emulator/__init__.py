@@ -1,10 +1,10 @@
 """An emulator of the Bifrost management API (not the real gateway).
 
 The real Bifrost (Go) cannot run on the project's machines, so this real HTTP server stands in for it in
-every test and in the demo. It is built from ``contracts/bifrost-management-api.md`` case by case:
-status codes and exact messages, PUT as an upsert with the omitted-block table, secret masking, the
-base-URL DNS refusal, parked-worker accounting, plus faults on demand and a request log under the
-emulator-only ``/_emulator/*`` namespace.
+every test and in the demo. It reproduces the gateway's management API case by case, as docs/sandbox.md
+("The emulated management API") describes it: status codes and exact messages, PUT as an upsert with the
+omitted-block table, secret masking, the base-URL DNS refusal, parked-worker accounting, plus faults on
+demand and a request log under the emulator-only ``/_emulator/*`` namespace.
 
 >>> from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_realistic
 >>> with BifrostEmulator() as emu:                       # doctest: +SKIP

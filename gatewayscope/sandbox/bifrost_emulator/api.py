@@ -1,8 +1,8 @@
-"""The management routes of the emulated gateway, case by case from the contract.
+"""The management routes of the emulated gateway, case by case.
 
 Each handler takes the decoded path parameter and the raw body and returns a :class:`Reply`; the HTTP
-layer (``server.py``) adds auth, faults and the request log around it. Section numbers refer to
-``contracts/bifrost-management-api.md``.
+layer (``server.py``) adds auth, faults and the request log around it. Section numbers (§) refer to
+docs/sandbox.md, "The emulated management API".
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def validate_retry_backoff(network: NetworkConfig) -> str | None:
 
 
 def concurrency_refusal(block: Concurrency) -> str | None:
-    """§2.4 step 4: only == 0 is checked, not negatives."""
+    """§2.4 step 4 (and §2.5 step 3): only == 0 is checked, not negatives."""
     if block.concurrency == 0:
         return "Concurrency must be greater than 0"
     if block.buffer_size == 0:
@@ -295,7 +295,7 @@ class ManagementAPI:
         return json_reply({"providers": rows, "total": len(rows)})
 
     def get_provider(self, name: str) -> Reply:
-        """§2.3."""
+        """§2.3: one record, as its row of the listing; 404 when unknown."""
         with self.state.lock:
             record = self.state.records.get(name)
             if record is None:
@@ -303,7 +303,7 @@ class ManagementAPI:
             return json_reply(self._render(record, self.state.provider_status(name)))
 
     def create_provider(self, body: bytes) -> Reply:
-        """§2.4 ``POST /api/providers``, checks in the contract's order."""
+        """§2.4 ``POST /api/providers``, checks in the gateway's order (steps 1-7)."""
         try:
             payload = self._decode(body)
             name = payload.provider

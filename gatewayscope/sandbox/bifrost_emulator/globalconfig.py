@@ -1,4 +1,6 @@
-"""``GET/PUT /api/config`` of the emulated gateway (contract §4) and its admin auth (§5).
+"""``GET/PUT /api/config`` of the emulated gateway (§4) and its admin auth (§5).
+
+Section numbers (§) refer to docs/sandbox.md, "The emulated management API".
 
 PUT copies every ``client_config`` field from the body, so a field the body leaves out falls back to
 its *zero value* (false, 0, "", null), not to the stored value: clients must read-modify-write the full

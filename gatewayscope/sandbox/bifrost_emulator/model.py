@@ -1,9 +1,10 @@
 """The emulated gateway's data: provider records, secrets, and their JSON forms.
 
-Everything here follows ``contracts/bifrost-management-api.md``:
+Everything here follows docs/sandbox.md, "The emulated management API" (section numbers, §, are its
+subsections):
 
-* §1 SecretVar input shapes (bare string, newest object, legacy object) and output shapes, the
-  ``Redacted`` / ``FullyRedacted`` masking rules and the "looks masked" test used on update;
+* §1 SecretVar input shapes (bare string, newest object, legacy object) and output shapes, the partial
+  and full masks (:func:`redact`, :func:`fully_redact`) and the "looks masked" test used on update;
 * §2.1 the ``ProviderResponse`` shape, ``network_config`` (backoffs as integer milliseconds on output,
   int-ms or Go duration strings on input), defaults substituted when a block is unset.
 
@@ -25,7 +26,7 @@ from gatewayscope.sandbox.bifrost_emulator._go import (
 )
 
 # --------------------------------------------------------------------------------------------------
-# constants from the contract
+# constants of the emulated gateway
 
 #: built-in provider names (a record named like one of these, without custom config, is "standard")
 STANDARD_PROVIDERS: frozenset[str] = frozenset({

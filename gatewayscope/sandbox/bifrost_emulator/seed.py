@@ -1,11 +1,13 @@
 """Stores the emulator can boot with: ``empty``, ``small`` (a dozen records) and ``realistic``.
 
 A seed models *the store as it was at boot*: it is written into the state directly (never through PUT),
-so every buildable record parks its workers and no restart is counted. The realistic store is what the
-platform of seed 002 leaves behind: shared standard records plus one custom record per (organization,
-connector, model) and an ``__anthropic`` lane sibling for connectors that have one, all at the gateway's
-1,000-worker / 5,000-slot default, some upstreams gone (base URLs under ``.invalid``), and client_config
-drifted (``drop_excess_requests`` on, ``enforce_auth_on_inference`` and ``disable_content_logging`` off).
+so every buildable record parks its workers and no restart is counted. The realistic store is what a
+platform that provisions a custom record per organization and model leaves behind (docs/concepts.md,
+"Bifrost: parked workers, boot memory, posture"): shared standard records plus one custom record per
+(organization, connector, model) and an ``__anthropic`` lane sibling for connectors that have one, all at
+the gateway's 1,000-worker / 5,000-slot default, some upstreams gone (base URLs under ``.invalid``), and
+client_config drifted (``drop_excess_requests`` on, ``enforce_auth_on_inference`` and
+``disable_content_logging`` off).
 
 Live base URLs use loopback names (``localhost``, ``127.0.0.1``): this machine resolves no external
 name, and the gateway's DNS check allows loopback. Dead ones use the reserved ``.invalid`` TLD, which

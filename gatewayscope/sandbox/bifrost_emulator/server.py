@@ -1,8 +1,9 @@
 """The emulator's HTTP server and its Python face, :class:`BifrostEmulator`.
 
-A real ``ThreadingHTTPServer`` on loopback (daemon threads, HTTP/1.1 keep-alive). Around the contract's
+A real ``ThreadingHTTPServer`` on loopback (daemon threads, HTTP/1.1 keep-alive). Around the management
 routes (``api.py``) it adds, in this order: the request log, Basic/session auth (when configured), fault
 injection, and the emulator-only control namespace ``/_emulator/*`` (never behind auth, never logged).
+Section numbers (§) refer to docs/sandbox.md, "The emulated management API".
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from gatewayscope.sandbox.bifrost_emulator.state import (
     Pool,
 )
 
-#: routes answered without credentials even when auth is on (contract §5)
+#: routes answered without credentials even when auth is on (§5)
 PUBLIC_PATHS = frozenset({"/health", "/api/version", "/api/session/login", "/api/session/is-auth-enabled",
                           "/api/oauth/callback", "/login", "/favicon.ico"})
 PUBLIC_PREFIXES = ("/assets/", "/api/dev", "/.well-known/", "/api/skills/serve/")
@@ -59,7 +60,7 @@ _DEFAULT_FAULT_MESSAGES = {
 
 @dataclass
 class EmulatorOptions:
-    """Behaviours the contract marks [changed] or [unconfirmed], plus emulator knobs.
+    """Behaviours that differ between gateway releases, plus emulator knobs.
 
     Defaults reproduce the newest gateway (transports v2.2.x).
     """
@@ -97,7 +98,7 @@ class _Route:
 
 
 def _route(method: str, path: str) -> _Route:
-    """Match a raw path (query stripped) against the contract's routes."""
+    """Match a raw path (query stripped) against the emulated routes."""
     segments = path.split("/")[1:]
     if path == "/health":
         return _Route("health", allowed=("GET",))

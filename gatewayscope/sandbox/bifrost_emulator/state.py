@@ -3,10 +3,12 @@
 All of it sits behind one lock (:attr:`EmulatorState.lock`). Handlers hold it for reads and for the
 store+pool mutation of a write, never while they sleep or resolve a hostname.
 
-Worker accounting models the core (contract §3, §8): every stored record the core can build parks
-``concurrency`` worker goroutines from boot on; every successful write restarts that record's pool
-(counted in ``restarts``); a delete removes it. A record the core cannot build (a non-standard name
-without custom config) has no pool and shows ``provider_status: "error"``.
+Worker accounting models the core (§3): every stored record the core can build parks ``concurrency``
+worker goroutines from boot on; every successful write restarts that record's pool (counted in
+``restarts``); a delete removes it. A record the core cannot build (a non-standard name without custom
+config) has no pool and shows ``provider_status: "error"``.
+
+Section numbers (§) refer to docs/sandbox.md, "The emulated management API".
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from gatewayscope.sandbox.bifrost_emulator.globalconfig import GlobalConfig
 from gatewayscope.sandbox.bifrost_emulator.model import ProviderRecord
 
-#: stack bytes per parked goroutine: Go's 2 KiB floor and a typical 8 KiB after growth (contract §8)
+#: stack bytes per parked goroutine: Go's 2 KiB floor and a typical 8 KiB after growth (§3)
 STACK_BYTES_LOW = 2 * 1024
 STACK_BYTES_HIGH = 8 * 1024
 
