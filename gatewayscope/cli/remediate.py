@@ -11,7 +11,7 @@ from typing import Any
 
 from gatewayscope.analysis.findings import findings
 from gatewayscope.cli.common import DEFAULT_CONFIG_ENV, add_target_arguments, config_from_args
-from gatewayscope.config import Config, Policy, Target, load_config
+from gatewayscope.config import Config, Policy, Target, is_remote_address, load_config
 from gatewayscope.errors import ConfigError, PlanError
 from gatewayscope.remediate.apply import ActionResult, ApplyOptions, ApplyReport, apply_plan
 from gatewayscope.remediate.journal import Journal
@@ -132,7 +132,7 @@ def config_for_plan(plan: Plan, config_path: str | None) -> Config:
                                   f"against {entry.get('address')}; apply a plan with the config it was made with.")
             continue
         address = str(entry.get("address", ""))
-        if entry.get("kind") == "bifrost" or address.startswith(("http://", "https://")):
+        if entry.get("kind") == "bifrost" or is_remote_address(address):
             config.targets.append(Target(name=entry["name"], kind=entry["kind"], url=address))
         else:
             config.targets.append(Target(name=entry["name"], kind=entry["kind"], path=address))

@@ -87,7 +87,7 @@ class _DefaultReader:
         from gatewayscope.sources.rllm_http import KnownTraces
 
         known = None
-        if target.kind == "rllm" and target.url:
+        if target.kind == "rllm" and target.is_remote:
             with self._lock:
                 known = self._known.setdefault(target.name, KnownTraces())
         return read_target(target, policy, now=now, transport=transport, fingerprints=False, known_traces=known)

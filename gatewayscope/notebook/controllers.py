@@ -28,7 +28,7 @@ from typing import Any
 import polars as pl
 
 from gatewayscope.analysis.findings import Findings, findings
-from gatewayscope.config import Config, Policy, Target, build_config
+from gatewayscope.config import Config, Policy, Target, build_config, is_remote_address
 from gatewayscope.errors import ConfigError, GatewayscopeError, PlanError
 from gatewayscope.remediate.apply import ActionResult, ApplyOptions, ApplyReport, apply_plan
 from gatewayscope.remediate.journal import FINAL_OUTCOMES, Journal
@@ -180,7 +180,7 @@ class ScanController:
         known = set(self.target_names)
         for snap in snapshot.targets:
             if snap.name not in known:  # a target of the snapshot's own: analysed with the default limits
-                remote = snap.address.startswith(("http://", "https://"))
+                remote = is_remote_address(snap.address)
                 self.config.targets.append(Target(name=snap.name, kind=snap.kind, url=snap.address if remote else None,
                                                   path=None if remote else snap.address))
         with self._lock:

@@ -281,7 +281,7 @@ class _Context:
             if target in self._weight_versions:
                 return self._weight_versions[target]
         version: int | None = None
-        if self.capability(target, "weight_version") and not self.target(target).path:
+        if self.capability(target, "weight_version") and self.target(target).is_remote:
             try:
                 body = self.rllm(target).request("GET", "/admin/weight_version")
             except GatewayscopeError as err:
@@ -989,7 +989,7 @@ def _work_items(ctx: _Context, phase: list[Action]) -> list[Action | list[Action
     stores: dict[str, list[Action]] = {}
     batched: dict[str, list[Action]] = {}
     for action in phase:
-        if action.kind == "session_delete" and ctx.target(action.target).path:
+        if action.kind == "session_delete" and not ctx.target(action.target).is_remote:
             stores.setdefault(action.target, []).append(action)
         elif action.kind == "session_delete" and ctx.capability(action.target, "batch_delete"):
             batched.setdefault(action.target, []).append(action)
@@ -1008,7 +1008,7 @@ def _run_item(ctx: _Context, gate: _Gate, item: Action | list[Action]) -> list[A
     skipped = {a.id: gate.blocked(a) for a in item}
     runnable = [a for a in item if skipped[a.id] is None]
     by_id = {a.id: a for a in runnable}
-    if runnable and ctx.target(runnable[0].target).path:
+    if runnable and not ctx.target(runnable[0].target).is_remote:
         def on_settled(result: ActionResult) -> None:
             ctx.journal_outcome(by_id[result.action_id], result)
             budget.count(result)
