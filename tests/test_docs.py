@@ -164,8 +164,8 @@ def python_examples(path: Path) -> list[tuple[int, str]]:
 
 @pytest.mark.parametrize("path", [README, DOCS / "python-api.md"], ids=lambda p: str(p.relative_to(ROOT)))
 def test_python_examples_compile_and_use_only_the_public_api(path: Path) -> None:
-    """The examples run against the sandbox elsewhere; here they must at least parse, and every ``gs.NAME``
-    they use must be a public name of the package."""
+    """The examples run against the sandbox in tests/e2e/test_docs_examples.py; here they must parse, and
+    every ``gs.NAME`` they use must be a public name of the package."""
     import gatewayscope
 
     examples = python_examples(path)
