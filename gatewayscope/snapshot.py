@@ -19,6 +19,7 @@ import polars as pl
 
 from gatewayscope import __version__
 from gatewayscope.errors import GatewayscopeError
+from gatewayscope.guard.common import GuardStats
 
 SNAPSHOT_FORMAT = 1
 
@@ -72,19 +73,6 @@ def frame_from_rows(rows: list[dict[str, Any]] | list[tuple[Any, ...]], schema: 
     if isinstance(rows[0], tuple):
         return pl.DataFrame(rows, schema=schema, orient="row")
     return pl.DataFrame(rows, schema=schema)
-
-
-@dataclass
-class GuardStats:
-    """The tombstone guard's figures for one trace store (memory launcher or SQLite triggers)."""
-
-    tombstones: int
-    capacity: int  # 0 = unlimited (SQLite) or disabled (memory, max_tombstones=0); see ``enabled``
-    dropped_writes: int
-    evicted: int = 0
-    enabled: bool = True
-    triggers_intact: bool | None = None  # SQLite only
-    top_droppers: list[dict[str, Any]] = field(default_factory=list)  # [{"session_id", "dropped"}]
 
 
 @dataclass

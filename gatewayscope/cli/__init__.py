@@ -16,9 +16,9 @@ import sys
 from collections.abc import Sequence
 
 from gatewayscope import __version__
+from gatewayscope._text import terminal_safe
 from gatewayscope.cli.common import setup_logging
 from gatewayscope.errors import ConfigError, GatewayscopeError
-from gatewayscope.render import terminal_safe
 
 #: subcommand modules, in the order ``--help`` lists them
 COMMAND_MODULES = [

@@ -6,8 +6,8 @@ import argparse
 import logging
 import os
 
+from gatewayscope._text import terminal_safe
 from gatewayscope.config import Config, Policy, build_config, load_config
-from gatewayscope.render import terminal_safe
 
 DEFAULT_CONFIG_ENV = "GATEWAYSCOPE_CONFIG"
 

@@ -10,8 +10,6 @@ from types import FrameType
 from typing import Any
 
 from gatewayscope.config import load_config
-from gatewayscope.render import render
-from gatewayscope.scan import scan_report, take_snapshot
 
 
 def register(subparsers: Any) -> None:
@@ -52,7 +50,9 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    from gatewayscope.render import render
     from gatewayscope.sandbox.demo import Sandbox, demo_plan, notebook_command, plan_preview
+    from gatewayscope.scan import scan_report, take_snapshot
 
     if args.stragglers > args.rollouts or args.rollouts < 1 or args.stragglers < 0:
         sys.stderr.write("gatewayscope: --stragglers must be between 0 and --rollouts (>= 1)\n")

@@ -16,7 +16,6 @@ from types import FrameType
 from typing import Any
 
 from gatewayscope.cli.common import add_target_arguments, config_from_args
-from gatewayscope.exporter.server import Exporter, make_server, read_budget, render, wait_forever
 from gatewayscope.exporter.settings import DEFAULT_LISTEN, parse_exporter_settings, parse_listen
 
 
@@ -50,6 +49,7 @@ def register(subparsers: Any) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
     from gatewayscope.errors import ConfigError
+    from gatewayscope.exporter.server import Exporter, make_server, read_budget, render, wait_forever
 
     config = config_from_args(args)
     settings = parse_exporter_settings(config.exporter, config.source or "<config>")

@@ -14,10 +14,10 @@ import textwrap
 import time
 from typing import Any
 
+from gatewayscope._text import terminal_safe
 from gatewayscope.config import is_remote_address
-from gatewayscope.guard import backfill as guard_backfill
 from gatewayscope.guard import sqlite as sqlite_guard
-from gatewayscope.render import terminal_safe
+from gatewayscope.guard.common import DEFAULT_TIMEOUT as REMOTE_TIMEOUT
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -108,7 +108,7 @@ def register(subparsers: Any) -> None:
                         help="text (default) for people, json for programs")
     status.add_argument("--top", type=_non_negative_int, default=sqlite_guard.DEFAULT_TOP, metavar="N",
                         help="list the N sessions with the most dropped writes (default 10; SQLite only)")
-    status.add_argument("--timeout", type=_positive_float, default=guard_backfill.DEFAULT_TIMEOUT,
+    status.add_argument("--timeout", type=_positive_float, default=REMOTE_TIMEOUT,
                         metavar="SECONDS", help="busy timeout (SQLite) or request timeout (URL); default 10")
     status.set_defaults(func=run_status)
 
@@ -139,7 +139,7 @@ def register(subparsers: Any) -> None:
     lift.add_argument("target", metavar="PATH|URL",
                       help="the gateway's SQLite file, or the URL of a 'gatewayscope gateway'")
     lift.add_argument("session_id", metavar="SESSION_ID", help="the session whose tombstone to lift")
-    lift.add_argument("--timeout", type=_positive_float, default=guard_backfill.DEFAULT_TIMEOUT,
+    lift.add_argument("--timeout", type=_positive_float, default=REMOTE_TIMEOUT,
                       metavar="SECONDS", help="busy timeout (SQLite) or request timeout (URL); default 10")
     lift.set_defaults(func=run_lift)
 
@@ -160,7 +160,7 @@ def register(subparsers: Any) -> None:
                         help="one session id per line; blank lines and # comments skipped; - for stdin")
     source.add_argument("session_ids", nargs="*", default=[], metavar="SESSION_ID",
                         help="session ids given on the command line")
-    backfill.add_argument("--timeout", type=_positive_float, default=guard_backfill.DEFAULT_TIMEOUT,
+    backfill.add_argument("--timeout", type=_positive_float, default=REMOTE_TIMEOUT,
                           metavar="SECONDS", help="busy timeout (SQLite) or request timeout (URL); default 10")
     backfill.set_defaults(func=run_backfill)
 
@@ -186,6 +186,8 @@ def run_uninstall(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
+    from gatewayscope.guard import backfill as guard_backfill  # HTTP: loaded only when used
+
     if is_remote_address(args.target):
         body = guard_backfill.remote_status(args.target, timeout=args.timeout)
         if args.format == "json":
@@ -202,6 +204,8 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_lift(args: argparse.Namespace) -> int:
+    from gatewayscope.guard import backfill as guard_backfill  # HTTP: loaded only when used
+
     lifted = guard_backfill.lift(args.target, args.session_id, timeout=args.timeout)
     if lifted:
         print(terminal_safe(f"Lifted the tombstone of {args.session_id} in {args.target}: its trace writes land "
@@ -212,6 +216,8 @@ def run_lift(args: argparse.Namespace) -> int:
 
 
 def run_backfill(args: argparse.Namespace) -> int:
+    from gatewayscope.guard import backfill as guard_backfill  # HTTP: loaded only when used
+
     if args.ids_file == "-":
         ids = [line.strip() for line in sys.stdin if line.strip() and not line.strip().startswith("#")]
     elif args.ids_file:

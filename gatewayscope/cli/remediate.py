@@ -7,18 +7,18 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gatewayscope.analysis.findings import findings
+from gatewayscope._text import terminal_safe
 from gatewayscope.cli.common import DEFAULT_CONFIG_ENV, add_target_arguments, config_from_args
 from gatewayscope.config import Config, Policy, Target, is_remote_address, load_config
 from gatewayscope.errors import ConfigError, PlanError
-from gatewayscope.remediate.apply import ActionResult, ApplyOptions, ApplyReport, apply_plan
 from gatewayscope.remediate.journal import Journal
-from gatewayscope.remediate.plan import ACTION_KINDS, Plan, build_plan, load_plan
-from gatewayscope.remediate.review import FORMATS, render_plan
-from gatewayscope.render import terminal_safe
-from gatewayscope.scan import take_snapshot
+from gatewayscope.remediate.kinds import ACTION_KINDS, PLAN_FORMATS
+
+if TYPE_CHECKING:  # the heavy modules load only when a command runs
+    from gatewayscope.remediate.apply import ActionResult, ApplyReport
+    from gatewayscope.remediate.plan import Plan
 
 
 def register(subparsers: Any) -> None:
@@ -52,7 +52,7 @@ def register(subparsers: Any) -> None:
                                  description="Render a plan: summary by kind and target, the memory a shrink "
                                              "frees, every action with its reason, and the warnings.")
     show.add_argument("plan", metavar="PLAN", help="the plan file")
-    show.add_argument("--format", choices=tuple(FORMATS), default="text")
+    show.add_argument("--format", choices=PLAN_FORMATS, default="text")
     show.set_defaults(func=run_show)
 
     apply = subparsers.add_parser(
@@ -85,7 +85,11 @@ def register(subparsers: Any) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from gatewayscope.analysis.findings import findings
     from gatewayscope.guard.backfill import read_ids_file
+    from gatewayscope.remediate.plan import build_plan
+    from gatewayscope.remediate.review import render_plan
+    from gatewayscope.scan import take_snapshot
 
     config = config_from_args(args)
     tombstone_ids = read_ids_file(args.tombstone_ids) if args.tombstone_ids else []
@@ -115,6 +119,9 @@ def deleted_session_ids(journal: Journal) -> set[str]:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    from gatewayscope.remediate.plan import load_plan
+    from gatewayscope.remediate.review import render_plan
+
     sys.stdout.write(render_plan(load_plan(args.plan), args.format))
     return 0
 
@@ -146,6 +153,9 @@ def _print_result(result: ActionResult) -> None:
 
 
 def run_apply(args: argparse.Namespace) -> int:
+    from gatewayscope.remediate.apply import ApplyOptions, apply_plan
+    from gatewayscope.remediate.plan import load_plan
+
     if args.concurrency < 1:
         raise ConfigError("--concurrency: expected a whole number >= 1")
     if args.rate is not None and args.rate <= 0:

@@ -7,11 +7,8 @@ import json
 import sys
 from typing import Any
 
-from gatewayscope.analysis.findings import findings
+from gatewayscope._text import terminal_safe
 from gatewayscope.cli.common import add_target_arguments, config_from_args
-from gatewayscope.render import render, terminal_safe
-from gatewayscope.scan import scan_report, take_snapshot
-from gatewayscope.snapshot import Snapshot
 
 
 def register(subparsers: Any) -> None:
@@ -40,6 +37,11 @@ def register(subparsers: Any) -> None:
 
 
 def run_scan(args: argparse.Namespace) -> int:
+    from gatewayscope.analysis.findings import findings
+    from gatewayscope.render import render
+    from gatewayscope.scan import scan_report, take_snapshot
+    from gatewayscope.snapshot import Snapshot
+
     if args.load_snapshot:
         snapshot = Snapshot.load(args.load_snapshot)
         config = config_from_args(args, require_targets=False)

@@ -30,12 +30,12 @@ import httpx
 from gatewayscope.config import DEFAULT_MAX_BODY_BYTES, is_remote_address
 from gatewayscope.errors import BadResponseError, GatewayscopeError, NotFoundError
 from gatewayscope.guard import sqlite as sqlite_guard
+from gatewayscope.guard.common import DEFAULT_TIMEOUT
 from gatewayscope.sources._batches import batches
 from gatewayscope.sources._http import HttpClient, path_segment
 
 #: session ids per POST to a guarded gateway
 HTTP_BATCH = 5_000
-DEFAULT_TIMEOUT = 10.0
 
 
 @dataclass

@@ -34,15 +34,12 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
-
 from gatewayscope.errors import ConfigError, GatewayscopeError
 from gatewayscope.guard.memory import DEFAULT_MAX_TOMBSTONES, DEFAULT_TOP_DROPPERS, GuardedTraceStore
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from fastapi import FastAPI
+    from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
     from starlette.requests import Request
     from starlette.responses import Response
@@ -195,7 +192,7 @@ def install_lift_on_create(sessions: Any, guard: GuardedTraceStore) -> None:
     sessions.create_session = hooked
 
 
-class GuardCollector(Collector):
+class GuardCollector:
     """A prometheus-client collector: fresh ``gatewayscope_guard_*`` families from the guard per scrape.
 
     No label carries a session id (or any label at all): the per-session figures stay on
@@ -207,6 +204,8 @@ class GuardCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield the four families, read from one :meth:`GuardedTraceStore.stats` call."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         stats = self.guard.stats()
         for name, value in (("gatewayscope_guard_tombstones", stats.tombstones),
                             ("gatewayscope_guard_tombstone_capacity", stats.capacity)):
@@ -218,6 +217,8 @@ class GuardCollector(Collector):
 
 def guard_registry(guard: GuardedTraceStore) -> CollectorRegistry:
     """A private registry holding only the guard's collector."""
+    from prometheus_client import CollectorRegistry
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(GuardCollector(guard))
     return registry

@@ -47,7 +47,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from gatewayscope.snapshot import GuardStats
+from gatewayscope.guard.common import GuardStats
 
 #: the default cap on tombstones, as in the seed's fix (one short string each: tens of MB at most)
 DEFAULT_MAX_TOMBSTONES = 1_000_000

@@ -57,7 +57,7 @@ from gatewayscope._sqlite.open import open_store, store_error
 from gatewayscope._sqlite.schema import check_trace_store
 from gatewayscope._sqlite.statements import StatementWatch, fetch_all
 from gatewayscope.errors import ConfigError, StoreError
-from gatewayscope.snapshot import GuardStats
+from gatewayscope.guard.common import GuardStats
 from gatewayscope.sources._batches import batches
 
 #: version of the tables and triggers below; install refuses a file installed by a newer gatewayscope

@@ -35,6 +35,7 @@ from gatewayscope.analysis.findings import Findings, TargetFindings, findings
 from gatewayscope.analysis.posture import SAFE_POSTURE
 from gatewayscope.config import Config
 from gatewayscope.errors import ConfigError, PlanError
+from gatewayscope.remediate.kinds import ACTION_KINDS, DESTRUCTIVE_KINDS
 from gatewayscope.render import human_seconds
 from gatewayscope.snapshot import Snapshot
 
@@ -42,8 +43,6 @@ SCHEMA_VERSION = 1
 STACK_LOW_BYTES = 2 * 1024
 STACK_HIGH_BYTES = 8 * 1024
 
-ACTION_KINDS = ("tombstone_backfill", "session_delete", "posture_fix", "pool_shrink", "record_delete")
-DESTRUCTIVE_KINDS = frozenset({"session_delete", "record_delete"})
 #: a pace that keeps a 0.1.0 memory gateway's event loop free for real traffic (see README, Performance)
 DEFAULT_DELETES_PER_SECOND = 20.0
 #: without --rate, apply runs one session delete (or batch) at a time per target and pauses after each for

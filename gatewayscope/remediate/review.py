@@ -6,10 +6,12 @@ import datetime as dt
 from typing import Any
 
 from gatewayscope.errors import PlanError
+from gatewayscope.remediate.kinds import PLAN_FORMATS
 from gatewayscope.remediate.plan import Action, Plan, plan_summary
 from gatewayscope.render import render
 
 FORMATS = {"text": "plan.txt.j2", "md": "plan.md.j2", "html": "plan.html.j2"}
+assert tuple(FORMATS) == PLAN_FORMATS
 
 
 def before_after(action: Action | dict[str, Any]) -> str:

@@ -1,0 +1,22 @@
+"""What the guard's parts and the command line share without loading anything heavy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: seconds a request to a guarded gateway's /guard routes may take in all
+DEFAULT_TIMEOUT = 10.0
+
+
+@dataclass
+class GuardStats:
+    """The tombstone guard's figures for one trace store (memory launcher or SQLite triggers)."""
+
+    tombstones: int
+    capacity: int  # 0 = unlimited (SQLite) or disabled (memory, max_tombstones=0); see ``enabled``
+    dropped_writes: int
+    evicted: int = 0
+    enabled: bool = True
+    triggers_intact: bool | None = None  # SQLite only
+    top_droppers: list[dict[str, Any]] = field(default_factory=list)  # [{"session_id", "dropped"}]
