@@ -1,4 +1,4 @@
-"""`gatewayscope scan` against the real rLLM gateway: the seed-000 race reproduced for real, reported exactly.
+"""`gatewayscope scan` against the real rLLM gateway: the straggler race reproduced for real, reported exactly.
 
 Each test runs real rollouts through the unmodified gateway (memory store over REST, SQLite store from its
 file); stragglers whose late call returns after flush + delete leave one-trace orphans, and the scan must

@@ -3,7 +3,7 @@
 The guard is installed into the gateway's database file while the gateway runs (its persistent connection
 already open); nothing of the gateway is changed. Stragglers come from gatewayscope's rollout driver: each
 straggler's late call is held in flight at the stub worker while the rollout flushes and deletes its
-session, and its trace is persisted after the delete (seed 000).
+session, and its trace is persisted after the delete (the straggler race, docs/concepts.md).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def barrier(url: str) -> None:
         client.delete(f"/sessions/{quote(sid, safe='')}").raise_for_status()
 
 
-def test_seed000_race_leaves_no_orphan_with_the_guard_installed(rllm_gateway: Any) -> None:
+def test_straggler_race_leaves_no_orphan_with_the_guard_installed(rllm_gateway: Any) -> None:
     # Without the guard: every straggler whose late call raced its delete is left as a one-trace orphan.
     bare = rllm_gateway("sqlite")
     unguarded = run_rollouts(bare.url, **ROLLOUTS)
