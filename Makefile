@@ -1,17 +1,29 @@
 # The two commands: `make demo` and `make test`. Each creates .venv and installs what it needs.
+# `make test` also installs the rLLM gateway of the upstream repository (main) into .venv-upstream, from the
+# archive in ../shared/peers/, and runs every test that starts a real gateway on both gateways.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit e2e bench clean help
+# The upstream rLLM gateway (rllm-org/rllm main, rllm-model-gateway/): its own environment, with gatewayscope
+# installed in it too (no extras) so the guarded launcher runs under upstream's Python. When it cannot be
+# installed, UPSTREAM_UNAVAILABLE holds the reason and the upstream cases of the tests skip with it.
+UPSTREAM_ARCHIVE ?= ../shared/peers/rllm-model-gateway-main.tar.gz
+UPSTREAM_VENV := .venv-upstream
+UPSTREAM_STAMP := $(UPSTREAM_VENV)/.installed
+UPSTREAM_UNAVAILABLE := $(UPSTREAM_VENV)/.unavailable
+UPSTREAM_LOG := $(UPSTREAM_VENV)/install.log
+
+.PHONY: demo test lint unit e2e bench clean help upstream
 
 help:
-	@echo "make demo   - create .venv, start a real rLLM gateway with real stragglers, scan it"
-	@echo "make test   - create .venv, run ruff, mypy and every test"
-	@echo "make lint   - ruff and mypy only"
-	@echo "make bench  - run the benchmarks (prints ratios against bare baselines)"
+	@echo "make demo     - create .venv, start a real rLLM gateway with real stragglers, scan it"
+	@echo "make test     - create .venv (and .venv-upstream), run ruff, mypy and every test"
+	@echo "make lint     - ruff and mypy only"
+	@echo "make bench    - run the benchmarks (prints ratios against bare baselines)"
+	@echo "make upstream - install the upstream rLLM gateway ($(UPSTREAM_ARCHIVE)) into $(UPSTREAM_VENV)"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "gatewayscope needs Python >= 3.10")'
@@ -20,6 +32,30 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,gateway,notebook]'
 	@touch $(STAMP)
 
+# Never fails the make: an archive that is missing or does not install leaves $(UPSTREAM_UNAVAILABLE) with the
+# reason (the tests print it in their skips) and no stamp, so the next `make test` tries again.
+$(UPSTREAM_STAMP): pyproject.toml $(wildcard $(UPSTREAM_ARCHIVE))
+	@rm -rf $(UPSTREAM_VENV)
+	@mkdir -p $(UPSTREAM_VENV)
+	@if [ ! -f "$(UPSTREAM_ARCHIVE)" ]; then \
+	  echo "$(UPSTREAM_ARCHIVE) not found (from $(CURDIR)); the upstream-main gateway cases are skipped" \
+	    | tee $(UPSTREAM_UNAVAILABLE); \
+	elif ! { echo "installing the upstream rLLM gateway into $(UPSTREAM_VENV) (about 600 MB; log: $(UPSTREAM_LOG))" \
+	    && $(PYTHON) -m venv $(UPSTREAM_VENV) > $(UPSTREAM_LOG) 2>&1 \
+	    && $(UPSTREAM_VENV)/bin/python -m pip install --quiet --upgrade pip >> $(UPSTREAM_LOG) 2>&1 \
+	    && $(UPSTREAM_VENV)/bin/python -m pip install --quiet $(UPSTREAM_ARCHIVE) >> $(UPSTREAM_LOG) 2>&1 \
+	    && $(UPSTREAM_VENV)/bin/python -m pip install --quiet -e . >> $(UPSTREAM_LOG) 2>&1 \
+	    && (cd / && $(CURDIR)/$(UPSTREAM_VENV)/bin/python -c 'import rllm_model_gateway.server, gatewayscope.guard.gateway') \
+	       >> $(UPSTREAM_LOG) 2>&1; }; then \
+	  { echo "installing $(UPSTREAM_ARCHIVE) into $(UPSTREAM_VENV) failed; the end of $(UPSTREAM_LOG):"; \
+	    grep -v '^WARNING: Location' $(UPSTREAM_LOG) | tail -n 5; } | tee $(UPSTREAM_VENV)/.reason; \
+	  mv $(UPSTREAM_VENV)/.reason $(UPSTREAM_UNAVAILABLE); \
+	else \
+	  touch $(UPSTREAM_STAMP); \
+	fi
+
+upstream: $(UPSTREAM_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/gatewayscope demo
 
@@ -27,11 +63,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check gatewayscope tests $(wildcard bench)
 	$(BIN)/mypy
 
-test: lint
+test: lint $(UPSTREAM_STAMP)
 	$(BIN)/python -m pytest --doctest-modules gatewayscope tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(UPSTREAM_VENV) .pytest_cache .mypy_cache .ruff_cache

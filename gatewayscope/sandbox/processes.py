@@ -102,16 +102,26 @@ class ManagedProcess:
         self.stop()
 
 
-def python_argv(module: str, *args: str) -> list[str]:
-    """``python -m module args...`` with the interpreter running us (the venv's)."""
-    return [sys.executable, "-m", module, *args]
+#: names the Python interpreter that runs the rLLM gateway when the caller does not pass one (for example
+#: another virtual environment's ``bin/python`` with another rllm-model-gateway); unset: the one running us
+GATEWAY_PYTHON_ENV = "GATEWAYSCOPE_GATEWAY_PYTHON"
+
+
+def python_argv(module: str, *args: str, python: str | None = None) -> list[str]:
+    """``python -m module args...`` with ``python`` or else the interpreter running us (the venv's)."""
+    return [python or sys.executable, "-m", module, *args]
+
+
+def gateway_python() -> str:
+    """The interpreter that runs the rLLM gateway: ``$GATEWAYSCOPE_GATEWAY_PYTHON``, else the one running us."""
+    return os.environ.get(GATEWAY_PYTHON_ENV) or sys.executable
 
 
 def rllm_gateway_argv(port: int, worker_url: str, *, store: str = "memory", db_path: str | None = None,
-                      host: str = "127.0.0.1") -> list[str]:
-    """The unmodified ``rllm-model-gateway`` launch command."""
+                      host: str = "127.0.0.1", python: str | None = None) -> list[str]:
+    """The unmodified ``rllm-model-gateway`` launch command, run by ``python`` (default: :func:`gateway_python`)."""
     argv = python_argv("rllm_model_gateway", "--host", host, "--port", str(port), "--store", store,
-                       "--worker", worker_url, "--log-level", "warning")
+                       "--worker", worker_url, "--log-level", "warning", python=python or gateway_python())
     if db_path:
         argv += ["--db-path", db_path]
     return argv
@@ -195,11 +205,12 @@ def start_stub_worker(*, host: str = "127.0.0.1", port: int | None = None, model
 
 def start_rllm_gateway(worker_url: str, *, store: str = "memory", db_path: str | Path | None = None,
                        host: str = "127.0.0.1", port: int | None = None, timeout: float = 30.0,
-                       open_store: bool = True) -> RllmGatewayProcess:
+                       open_store: bool = True, python: str | None = None) -> RllmGatewayProcess:
     """Start the unmodified ``rllm-model-gateway`` in front of ``worker_url``; wait until ``/health`` answers.
 
     ``store`` is ``"memory"`` or ``"sqlite"``; SQLite needs an explicit ``db_path`` (the gateway's default
-    would write to ``~/.rllm``).
+    would write to ``~/.rllm``). ``python`` is the interpreter whose ``rllm_model_gateway`` runs (default:
+    ``$GATEWAYSCOPE_GATEWAY_PYTHON``, else the one running us).
 
     With ``open_store`` (the default) one ``GET /sessions?limit=1`` opens the store before anything else
     does: 0.1.0's SQLite store opens its connection lazily and unguarded, so concurrent first writes on a
@@ -213,7 +224,7 @@ def start_rllm_gateway(worker_url: str, *, store: str = "memory", db_path: str |
     db = str(db_path) if db_path is not None else None
     proc, url = start_on_free_port(
         f"rllm-gateway-{store}",
-        lambda p: rllm_gateway_argv(p, worker_url, store=store, db_path=db, host=host),
+        lambda p: rllm_gateway_argv(p, worker_url, store=store, db_path=db, host=host, python=python),
         host=host, port=port, health_path="/health", timeout=timeout)
     if open_store:
         try:
