@@ -1,7 +1,8 @@
-"""A 0.1.0-style rLLM SQLite trace store with known orphans, built directly in the file.
+"""An rLLM SQLite trace store with known orphans, built directly in the file.
 
-The schema is the gateway's own: its ``SqliteTraceStore`` opens the file once (pragmas, CREATE TABLE and
-CREATE INDEX exactly as the gateway runs them). The rows are then written with ``executemany`` in one
+The schema is the gateway's own (0.1.0's, or upstream's with ``build_store(python=...)``): its
+``SqliteTraceStore`` opens the file once (pragmas, journal mode, CREATE TABLE and CREATE INDEX exactly as the
+gateway runs them). The rows are then written with ``executemany`` in one
 transaction, shaped like the gateway's: ``traces.data`` is a ``TraceRecord.model_dump()`` as JSON (every
 field, ``session_id`` and ``timestamp`` included), ``created_at`` of a trace and of its junction row is the
 time the gateway stored it.
@@ -18,10 +19,11 @@ Call it before the gateway opens the file: the build holds the file's write lock
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import sqlite3
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,14 +54,27 @@ class BuiltStore:
         return sum(self.kept.values()) + len(self.orphans)
 
 
-async def _gateway_schema(path: Path) -> None:
-    from rllm_model_gateway.store.sqlite_store import SqliteTraceStore
+_SCHEMA_SCRIPT = """
+import asyncio, sys
+from rllm_model_gateway.store.sqlite_store import SqliteTraceStore
 
-    store = SqliteTraceStore(db_path=str(path))
+async def main(path):
+    store = SqliteTraceStore(db_path=path)
     try:
         await store.list_sessions(limit=1)  # the first use opens the connection: pragmas + DDL
     finally:
         await store.close()
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def _gateway_schema(path: Path, python: str | None) -> None:
+    """The gateway's own pragmas and DDL, run by ``python`` (the gateway's interpreter; default ours)."""
+    done = subprocess.run([python or sys.executable, "-c", _SCHEMA_SCRIPT, str(path)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the gateway's SqliteTraceStore could not create {path}: {done.stderr[-2000:]}")
 
 
 def _uuid(rng: random.Random) -> str:
@@ -92,16 +107,18 @@ def _trace_data(rng: random.Random, trace_id: str, session_id: str, timestamp: f
     return json.dumps(record)
 
 
-def build_store(path: Path, *, sessions: int, orphans: int, now: float, seed: int = 13) -> BuiltStore:
+def build_store(path: Path, *, sessions: int, orphans: int, now: float, seed: int = 13,
+                python: str | None = None) -> BuiltStore:
     """Write a store of ``sessions`` sessions at ``path``, ``orphans`` of them one-trace orphans idle 1-2 days.
 
-    ``path`` must not exist yet. Deterministic for a given ``seed`` and ``now``.
+    ``path`` must not exist yet. Deterministic for a given ``seed`` and ``now``. The schema (and the journal
+    mode) is that of the gateway ``python`` runs (default: the one in our environment, PyPI's 0.1.0).
     """
     if not 0 <= orphans <= sessions:
         raise ValueError(f"orphans must be between 0 and sessions ({sessions}), not {orphans}")
     if path.exists():
         raise ValueError(f"{path} exists; the store is built into a new file")
-    asyncio.run(_gateway_schema(path))
+    _gateway_schema(path, python)
     rng = random.Random(seed)
     traces: list[tuple[str, str, float]] = []
     links: list[tuple[str, str, float]] = []

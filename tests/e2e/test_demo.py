@@ -4,6 +4,8 @@ and stops everything it started: right away with ``--once``, on Ctrl-C (SIGINT) 
 
 "Everything stopped" is checked from the outside: every port the demo printed refuses connections afterwards,
 and no process whose command line names the demo's work folder (the SQLite gateway, the exporter) is left.
+Each test runs once per rLLM gateway (``gateway_flavor``): the demo starts the flavour's gateways
+(``$GATEWAYSCOPE_GATEWAY_PYTHON``), itself running in the test environment.
 """
 
 from __future__ import annotations
@@ -13,17 +15,20 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from gatewayscope.remediate.plan import load_plan
+from gatewayscope.sandbox.processes import GATEWAY_PYTHON_ENV
 
 pytestmark = pytest.mark.e2e
 
@@ -33,9 +38,14 @@ URL = re.compile(r"^\s+(stub worker|rllm-memory|rllm-sqlite|bifrost emulator|exp
                  re.MULTILINE)
 
 
-@pytest.fixture(autouse=True)
-def _needs_the_gateway() -> None:
-    pytest.importorskip("rllm_model_gateway", reason="needs the 'gateway' extra (rllm-model-gateway)")
+def demo_env(flavor: Any) -> dict[str, str]:
+    """Our environment, with the demo's rLLM gateways run by the flavour's Python (the demo itself runs in ours)."""
+    return {**os.environ, GATEWAY_PYTHON_ENV: flavor.python}
+
+
+def journal_mode(db: Path) -> str:
+    with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+        return str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
 
 
 def endpoints(stdout: str) -> dict[str, str]:
@@ -75,13 +85,16 @@ def assert_all_stopped(parts: dict[str, str], workdir: Path) -> None:
     assert processes_naming(str(workdir)) == []
 
 
-def test_demo_once_prints_everything_and_stops_cleanly(tmp_path: Path) -> None:
+def test_demo_once_prints_everything_and_stops_cleanly(gateway_flavor: Any, tmp_path: Path) -> None:
     workdir = tmp_path / "sandbox"
-    done = subprocess.run([*DEMO, "--once", "--workdir", str(workdir)], capture_output=True, text=True, timeout=240)
+    done = subprocess.run([*DEMO, "--once", "--workdir", str(workdir)], capture_output=True, text=True, timeout=240,
+                          env=demo_env(gateway_flavor))
     assert done.returncode == 0, done.stderr[-4000:]
     out = done.stdout
     parts = endpoints(out)
     assert_all_stopped(parts, workdir)
+    # the flavour's gateway wrote the SQLite store: 0.1.0 keeps it in DELETE mode, upstream main in WAL
+    assert journal_mode(workdir / "gateway_traces.db") == gateway_flavor.journal_mode
 
     # what it found, where /metrics is, the plan it would apply (written, never applied), the notebooks
     assert "Orphan sessions: 0 confirmed, 2 suspected" in out
@@ -96,11 +109,11 @@ def test_demo_once_prints_everything_and_stops_cleanly(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def running_demo(workdir: Path, log: Path) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+def running_demo(workdir: Path, log: Path, flavor: Any) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
     """Start the demo without --once; collect its stdout lines in a thread; kill its group if a test fails."""
     with open(log, "w") as errors:
         proc = subprocess.Popen([*DEMO, "--workdir", str(workdir)], stdout=subprocess.PIPE, stderr=errors,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True, env=demo_env(flavor))
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")),  # type: ignore[union-attr]
                                   daemon=True)
@@ -116,10 +129,11 @@ def running_demo(workdir: Path, log: Path) -> Iterator[tuple[subprocess.Popen[st
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_stops_everything_the_running_demo_started(tmp_path: Path, signum: int) -> None:
+def test_a_signal_stops_everything_the_running_demo_started(gateway_flavor: Any, tmp_path: Path,
+                                                           signum: int) -> None:
     workdir = tmp_path / "sandbox"
     log = tmp_path / "demo.stderr"
-    with running_demo(workdir, log) as (proc, lines):
+    with running_demo(workdir, log, gateway_flavor) as (proc, lines):
         deadline = time.monotonic() + 240
         while not any("keeps running" in line for line in lines):
             assert proc.poll() is None, f"the demo exited early:\n{log.read_text()[-4000:]}"
@@ -127,6 +141,10 @@ def test_a_signal_stops_everything_the_running_demo_started(tmp_path: Path, sign
             time.sleep(0.1)
         parts = endpoints("".join(lines))
         assert all(port_open(url) for url in parts.values()), parts
+        # the demo's gateways are the flavour's: only upstream main has /admin/weight_version
+        for name in ("rllm-memory", "rllm-sqlite"):
+            answer = httpx.get(f"{parts[name]}/admin/weight_version", timeout=30)
+            assert answer.status_code == (200 if gateway_flavor.weight_version else 404), (name, answer.text)
 
         # the exporter it started serves the sandbox's targets
         exporter = parts["exporter"]

@@ -1,8 +1,11 @@
 """Session ids ``.`` and ``..`` over the real rLLM gateway's REST API, and ids it cannot address at all.
 
 httpx collapses a bare ``.`` or ``..`` path segment (``/sessions/./traces`` becomes ``/sessions/traces``);
-``session_path`` writes them ``%2E``/``%2E%2E``, which the gateway decodes back into the id. An id holding
-a ``/`` reaches no route (the gateway decodes ``%2F`` before routing): ``session_path`` refuses it.
+``session_path`` writes them ``%2E``/``%2E%2E``, which the gateway decodes back into the id. On PyPI's 0.1.0 an
+id holding a ``/`` reaches no route (the gateway decodes ``%2F`` before routing): ``session_path`` refuses it.
+Upstream main routes ``/sessions/{session_id:path}`` and takes multi-segment ids from the chat path itself
+(``harbor/hello-world:0``, namespaced Harbor tasks): there such an id IS addressable, and gatewayscope's refusal
+leaves it undeletable over REST (an expected failure below).
 """
 
 from __future__ import annotations
@@ -46,9 +49,9 @@ def test_dot_session_ids_are_read_and_deleted_through_the_gateway(store: str, rl
     assert gateway_sessions(gateway.url) == {"keep:0": 1}, "only the dot sessions were deleted"
 
 
-def test_an_id_with_a_slash_reaches_no_route_so_session_path_refuses_it(rllm_gateway: Any) -> None:
+def test_an_id_with_a_slash_reaches_a_route_only_on_upstream(rllm_gateway: Any, gateway_flavor: Any) -> None:
     gateway = rllm_gateway("sqlite")
-    # the gateway never stores such an id itself (its chat route takes one path segment); another writer can
+    # the 0.1.0 gateway never stores such an id itself (its chat route takes one path segment); another writer can
     conn = sqlite3.connect(gateway.db_path)
     with conn:
         now = time.time()
@@ -59,7 +62,41 @@ def test_an_id_with_a_slash_reaches_no_route_so_session_path_refuses_it(rllm_gat
     conn.close()
     assert gateway_sessions(gateway.url) == {"a/b": 1}
     with httpx.Client(base_url=gateway.url, timeout=30) as raw:
-        assert raw.get("/sessions/a%2Fb/traces").status_code == 404
-        assert raw.delete("/sessions/a%2Fb").status_code == 404
-    with pytest.raises(UnaddressableSessionError, match="SQLite store directly"):
-        session_path("a/b")
+        if not gateway_flavor.upstream:
+            assert raw.get("/sessions/a%2Fb/traces").status_code == 404
+            assert raw.delete("/sessions/a%2Fb").status_code == 404
+        else:  # /sessions/{session_id:path}: encoded or not, the path reaches the session
+            assert [t["trace_id"] for t in raw.get("/sessions/a%2Fb/traces").json()] == ["t-slash"]
+            assert [t["trace_id"] for t in raw.get("/sessions/a/b/traces").json()] == ["t-slash"]
+            assert raw.get("/sessions/a%2Fb").json()["trace_count"] == 1
+            assert raw.delete("/sessions/a%2Fb").json() == {"deleted": 1}
+            assert gateway_sessions(gateway.url) == {}
+    if not gateway_flavor.upstream:
+        with pytest.raises(UnaddressableSessionError, match="SQLite store directly"):
+            session_path("a/b")
+
+
+SLASH_REASON = (
+    "session_path() refuses every id holding a '/' (UnaddressableSessionError: 'delete it from the SQLite store "
+    "directly'), true of 0.1.0 only: upstream main routes /sessions/{session_id:path} and creates such ids itself "
+    "from /sessions/harbor/hello-world:0/v1/..., so a memory-store orphan of a namespaced task cannot be read or "
+    "deleted by scan/plan/apply at all; on a gateway with path routes session_path must write the id (%2F or /)")
+
+
+@pytest.mark.parametrize("gateway_flavor", ["upstream-main"], indirect=True)
+@pytest.mark.xfail(strict=True, raises=UnaddressableSessionError, reason=SLASH_REASON)
+def test_a_namespaced_session_of_upstream_is_deleted_through_session_path(rllm_gateway: Any,
+                                                                         gateway_flavor: Any) -> None:
+    gateway = rllm_gateway("memory")
+    namespaced = ["harbor/hello-world:0", "harbor/hello-world:1"]
+    with httpx.Client(base_url=gateway.url, timeout=30) as raw:
+        for sid in namespaced:  # upstream takes the session id from the chat path, slashes and all
+            raw.post(f"/sessions/{sid}/v1/chat/completions",
+                     json={"model": "stub", "messages": [{"role": "user", "content": "hi"}]}).raise_for_status()
+        wait_for("the namespaced sessions' traces", lambda: gateway_sessions(gateway.url),
+                 lambda listed: listed == dict.fromkeys(namespaced, 1))
+        # the gateway can delete it by its REST API: the id, %2F-encoded, reaches its route
+        assert raw.delete("/sessions/harbor%2Fhello-world:0").json() == {"deleted": 1}
+    with RllmClient(gateway.url, timeout=30) as client:  # gatewayscope's own path to the same route
+        assert client.request("DELETE", session_path(namespaced[1])) == {"deleted": 1}
+    assert gateway_sessions(gateway.url) == {}

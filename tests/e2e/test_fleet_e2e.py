@@ -1,7 +1,8 @@
 """A fleet, for real: ``scrape-fleet-100.yml`` in a real Prometheus, 100 gateways behind four exporters.
 
 Four real ``gatewayscope export`` processes, each with the 25 ``[[targets]]`` of its shard (the names the
-fleet file lists); the 75 rLLM targets read one real rLLM gateway (memory store, a few sessions), the 25
+fleet file lists); the 75 rLLM targets read one real rLLM gateway (memory store, a few sessions; PyPI's 0.1.0
+and upstream main, one run each), the 25
 Bifrost targets the Bifrost emulator (loopback base URLs only, so no DNS is involved). Prometheus runs the
 fleet file's jobs verbatim (relabeling included), with the addresses of these four exporters in place of
 the example's, a 2 s interval, and without its remote_write (there is no central backend here).
@@ -53,7 +54,7 @@ def processes() -> Iterator[list[Any]]:
             proc.stop()
 
 
-def test_scrape_fleet_100_in_a_real_prometheus(processes: list[Any], tmp_path: Path) -> None:
+def test_scrape_fleet_100_in_a_real_prometheus(processes: list[Any], gateway_flavor: Any, tmp_path: Path) -> None:
     prometheus_bin = shutil.which("prometheus")
     if prometheus_bin is None:
         import os
@@ -67,7 +68,7 @@ def test_scrape_fleet_100_in_a_real_prometheus(processes: list[Any], tmp_path: P
 
     worker = start_stub_worker()
     processes.append(worker)
-    gateway = start_rllm_gateway(worker.url)
+    gateway = start_rllm_gateway(worker.url, python=gateway_flavor.python)  # the flavour's rLLM gateway
     processes.append(gateway)
     for k in range(3):
         httpx.post(f"{gateway.url}/sessions/fleet-task:{k}/v1/chat/completions", timeout=30,

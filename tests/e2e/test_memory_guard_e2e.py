@@ -1,4 +1,4 @@
-"""The guarded gateway as a real process, against the real straggler race (docs/concepts.md).
+"""The guarded gateway as a real process, against the real straggler race (late writes after their deletes).
 
 The same rollouts (30, 10 of them with a straggling call still in flight at flush + delete) leave ten
 one-trace orphans behind the unmodified ``rllm-model-gateway`` and none behind

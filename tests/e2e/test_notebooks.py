@@ -8,6 +8,8 @@ prefix and ``confirm_deletes`` to the number of deletes. The assertions are on o
 snapshot's findings, the gateways' sessions, the emulator's records and posture, the journal, and the widget
 state the executed notebook keeps. The executed remediate notebook is rendered to HTML and photographed in
 headless Chromium; the PNG, the HTML and the executed notebooks are kept under ``artifacts/notebooks/``.
+Everything runs once per rLLM gateway flavour (``module_gateway_flavor``): PyPI's 0.1.0 keeps its artifacts
+there, upstream main under ``artifacts/notebooks/upstream-main/``.
 """
 
 from __future__ import annotations
@@ -93,19 +95,31 @@ def execute(notebook: str, out: Path, kernel: str, **parameters: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    pytest.importorskip("rllm_model_gateway", reason="needs the 'gateway' extra (rllm-model-gateway)")
+def sandbox(module_gateway_flavor: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The sandbox, once per rLLM gateway flavour: its two gateways are the flavour's."""
     from gatewayscope.sandbox.demo import Sandbox
+    from gatewayscope.sandbox.processes import GATEWAY_PYTHON_ENV
 
     box = Sandbox(tmp_path_factory.mktemp("sandbox"), rollouts=N_ROLLOUTS, stragglers=N_STRAGGLERS,
                   bifrost_seed="small", say=lambda _m: None)
-    box.start()
+    with pytest.MonkeyPatch.context() as env:  # the sandbox starts its gateways with the flavour's Python
+        env.setenv(GATEWAY_PYTHON_ENV, module_gateway_flavor.python)
+        box.start()
     try:
+        for url in (box.run.memory_gateway_url, box.run.sqlite_gateway_url):  # only upstream main has it
+            answer = httpx.get(f"{url}/admin/weight_version", timeout=10)
+            assert answer.status_code == (200 if module_gateway_flavor.weight_version else 404), url
         box.wait_until_idle()
         yield box
     finally:
         box.stop()
     assert not any(box.running().values())
+
+
+@pytest.fixture(scope="module")
+def artifacts(module_gateway_flavor: Any) -> Path:
+    """Where this flavour's executed notebooks, HTML and screenshot go."""
+    return ARTIFACTS if not module_gateway_flavor.upstream else ARTIFACTS / module_gateway_flavor.name
 
 
 def emulator_state(sandbox: Any) -> dict[str, Any]:
@@ -144,15 +158,15 @@ class Remediated:
 
 
 @pytest.fixture(scope="module")
-def triaged(sandbox: Any, kernel_name: str, tmp_path_factory: pytest.TempPathFactory) -> Triaged:
+def triaged(sandbox: Any, artifacts: Path, kernel_name: str, tmp_path_factory: pytest.TempPathFactory) -> Triaged:
     out = tmp_path_factory.mktemp("triage")
-    notebook = execute("triage.ipynb", ARTIFACTS / "triage.ipynb", kernel_name,
+    notebook = execute("triage.ipynb", artifacts / "triage.ipynb", kernel_name,
                        config_path=str(sandbox.run.config_path), export_dir=str(out / "snapshot"))
     return Triaged(notebook=notebook, snapshot_dir=out / "snapshot")
 
 
 @pytest.fixture(scope="module")
-def remediated(sandbox: Any, triaged: Triaged, kernel_name: str,
+def remediated(sandbox: Any, triaged: Triaged, artifacts: Path, kernel_name: str,
                tmp_path_factory: pytest.TempPathFactory) -> Remediated:
     """Plan with the core (as CI does with 'gatewayscope plan'), then the notebook: a dry run, a real apply."""
     work = tmp_path_factory.mktemp("remediate")
@@ -163,13 +177,13 @@ def remediated(sandbox: Any, triaged: Triaged, kernel_name: str,
     before = emulator_state(sandbox)
     common = {"config_path": str(sandbox.run.config_path), "plan_path": str(plan_path), "journal_path": str(journal)}
 
-    dry_run = execute("remediate.ipynb", ARTIFACTS / "remediate-dry-run.ipynb", kernel_name, **common)
+    dry_run = execute("remediate.ipynb", artifacts / "remediate-dry-run.ipynb", kernel_name, **common)
     dry_state = emulator_state(sandbox)
     dry_sessions = {name: sessions(url) for name, url in gateway_urls(sandbox).items()}
     dry_journaled = journal.exists()
 
     deletes = sum(1 for a in plan.actions if a.destructive)
-    path = ARTIFACTS / "remediate.ipynb"
+    path = artifacts / "remediate.ipynb"
     notebook = execute("remediate.ipynb", path, kernel_name, **common, confirm=plan.id[:12],
                        confirm_deletes=str(deletes))
     return Remediated(plan=plan, before=before, dry_run=dry_run, dry_run_state=dry_state,
@@ -301,7 +315,7 @@ def run_chromium(args: list[str], profile: Path, timeout: float = 120.0) -> str:
     return out.decode(errors="replace")
 
 
-def test_screenshot_of_the_executed_notebook_shows_the_plan_and_the_tally(remediated: Remediated,
+def test_screenshot_of_the_executed_notebook_shows_the_plan_and_the_tally(remediated: Remediated, artifacts: Path,
                                                                          tmp_path: Path) -> None:
     from nbconvert import HTMLExporter
     from PIL import Image
@@ -311,7 +325,7 @@ def test_screenshot_of_the_executed_notebook_shows_the_plan_and_the_tally(remedi
     assert WIDGET_STATE in notebook.metadata.get("widgets", {}), "papermill must save the widget state"
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(notebook)
     assert WIDGET_STATE in body  # the widget state travels with the page
-    page = ARTIFACTS / "remediate.html"
+    page = artifacts / "remediate.html"
     page.write_text(body)
 
     dom = run_chromium(["--virtual-time-budget=5000", "--dump-dom", page.as_uri()], tmp_path / "profile-dom")
@@ -319,7 +333,7 @@ def test_screenshot_of_the_executed_notebook_shows_the_plan_and_the_tally(remedi
     assert all(f"<td>{a.id}</td>" in dom for a in plan.actions)
     assert f"{len(plan.actions)} done, {TAIL}" in dom  # the tally
 
-    shot = ARTIFACTS / "remediate.png"
+    shot = artifacts / "remediate.png"
     shot.unlink(missing_ok=True)
     run_chromium(["--hide-scrollbars", "--window-size=1280,7000", "--virtual-time-budget=5000",
                   f"--screenshot={shot}", page.as_uri()], tmp_path / "profile-shot")

@@ -1,4 +1,4 @@
-"""The straggler race for real: the unmodified rLLM gateway (memory and SQLite stores) resurrects sessions.
+"""The straggler race for real: the unmodified rLLM gateway (memory and SQLite stores) resurrects deleted sessions.
 
 Rollouts whose late call is still in flight when they flush and delete leave exactly one trace behind
 under a uid that was deleted: a permanent orphan. Everything is checked through the gateway's own API.
@@ -28,7 +28,7 @@ def listed_sessions(client: httpx.Client, **params: Any) -> dict[str, dict[str, 
     return {s["session_id"]: s for s in client.get("/sessions", params=params).json()}
 
 
-def assert_straggler_outcome(gateway_url: str, run: RolloutRun, *, calls: int) -> None:
+def assert_resurrection_outcome(gateway_url: str, run: RolloutRun, *, calls: int) -> None:
     assert run.ok, run.to_dict()
     assert all(run.in_flight_confirmed.values())  # every late call was held at the worker during the delete
     assert sorted(run.deleted_uids) == sorted(u for u in run.task_of if u not in run.live_uids)
@@ -75,7 +75,7 @@ def test_stragglers_leave_exactly_their_uids_as_one_trace_orphans(rllm_gateway: 
 
     assert len(run.straggler_uids) == 10 and len(run.deleted_uids) == 30
     assert sorted(run.live_uids.values()) == [1, 2, 3]  # a single-trace live session is not an orphan
-    assert_straggler_outcome(gw.url, run, calls=3)
+    assert_resurrection_outcome(gw.url, run, calls=3)
 
     # uids are rLLM's f"{uuid4()}:{rollout_idx}", several per task; a hard task straggles as a whole.
     for uid, task in run.task_of.items():
@@ -90,7 +90,7 @@ def test_streaming_stragglers_also_resurrect(rllm_gateway: Any, store: str) -> N
     gw = rllm_gateway(store)
     run = run_rollouts(gw.url, n_rollouts=8, n_stragglers=4, straggler_delay=0.8, calls_per_rollout=2,
                        n_live=2, group_size=4, seed=3, straggler_stream=True, cluster_stragglers=False)
-    assert_straggler_outcome(gw.url, run, calls=2)
+    assert_resurrection_outcome(gw.url, run, calls=2)
 
 
 @pytest.mark.parametrize("store", STORES)

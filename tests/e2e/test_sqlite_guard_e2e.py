@@ -1,9 +1,12 @@
 """The SQLite tombstone guard with the REAL, unmodified ``rllm-model-gateway --store sqlite`` process.
 
+On both gateways (``gateway_flavor``): PyPI's 0.1.0 keeps its file in DELETE journal mode, upstream main in
+WAL mode, with the triggers working the same in both.
+
 The guard is installed into the gateway's database file while the gateway runs (its persistent connection
 already open); nothing of the gateway is changed. Stragglers come from gatewayscope's rollout driver: each
 straggler's late call is held in flight at the stub worker while the rollout flushes and deletes its
-session, and its trace is persisted after the delete (the straggler race, docs/concepts.md).
+session, and its trace is persisted after the delete (the straggler race).
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def barrier(url: str) -> None:
         client.delete(f"/sessions/{quote(sid, safe='')}").raise_for_status()
 
 
-def test_straggler_race_leaves_no_orphan_with_the_guard_installed(rllm_gateway: Any) -> None:
+def test_the_straggler_race_leaves_no_orphan_with_the_guard_installed(rllm_gateway: Any, gateway_flavor: Any) -> None:
     # Without the guard: every straggler whose late call raced its delete is left as a one-trace orphan.
     bare = rllm_gateway("sqlite")
     unguarded = run_rollouts(bare.url, **ROLLOUTS)
@@ -112,6 +115,7 @@ def test_straggler_race_leaves_no_orphan_with_the_guard_installed(rllm_gateway: 
     if not unguarded.race_lost_uids and not run.race_lost_uids:  # the usual case: every race was won
         assert status.dropped_writes == n_orphans == ROLLOUTS["n_stragglers"]
     assert status.tombstones == ROLLOUTS["n_rollouts"] + 1 and status.triggers_intact  # + the barrier
+    assert str(status.journal_mode).lower() == gateway_flavor.journal_mode  # the triggers work in WAL mode too
 
     # No orphan: the gateway lists only the live sessions, with all their traces.
     assert listed(gw.url) == run.live_uids
@@ -132,17 +136,43 @@ def _chat(client: httpx.Client, sid: str, marker: str) -> bool:
     return resp.status_code == 200
 
 
-def test_install_under_load_loses_no_trace_of_a_live_session(rllm_gateway: Any) -> None:
+#: install (twice) / uninstall cycles under load; every cycle commits three guard transactions into the file
+GUARD_CYCLES = 12
+#: answered calls, and churn deletes, after each install and each uninstall
+CALLS_PER_PHASE, CHURN_PER_PHASE = 30, 2
+
+#: why the SQLite guard's writes lose the upstream gateway's own writes (see the report of issue 16)
+WAL_SNAPSHOT_REASON = (
+    "upstream main runs its store in WAL mode on ONE aiosqlite connection shared by reads and writes: when a "
+    "write comes while one of its reads (GET /sessions, GET /sessions/{id}/traces) holds a read transaction, a "
+    "commit from another process since that snapshot makes the write fail at once with SQLITE_BUSY ('database "
+    "is locked', no busy wait): the trace is lost ('Failed to persist trace') or DELETE /sessions answers 500. "
+    "gatewayscope's SQLite writes (guard install/uninstall here, apply's deletes too) go through "
+    "gatewayscope/_sqlite/locking.py's Writer, which in WAL mode uses no lock table, and there BEGIN EXCLUSIVE "
+    "does not wait for readers: it must not begin while another process holds a WAL read lock (the read-mark "
+    "bytes 123-127 of the -shm file)")
+
+
+def test_install_and_uninstall_under_load_lose_no_trace_of_a_live_session(rllm_gateway: Any, gateway_flavor: Any,
+                                                                        request: pytest.FixtureRequest) -> None:
+    """Writers, a churn of short sessions deleted as soon as their trace shows, and readers of the gateway's
+    REST API (on the gateway's one SQLite connection, as a trainer and a dashboard read it), all along while
+    the guard is installed (twice), kept, and uninstalled in the running gateway's file, GUARD_CYCLES times."""
+    if gateway_flavor.upstream:
+        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=WAL_SNAPSHOT_REASON))
     gw = rllm_gateway("sqlite")
     db = gw.db_path
     assert db is not None
+    with read_only(db) as conn:  # 0.1.0 keeps its file in DELETE mode; upstream main switches it to WAL
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == gateway_flavor.journal_mode
     run_id = uuid.uuid4().hex[:8]
     answered: dict[str, set[str]] = {}  # live session -> markers of the calls the gateway answered
-    churn_after_install: list[str] = []  # sessions deleted after install had returned
     lock = threading.Lock()
     stop = threading.Event()
-    installed = threading.Event()
-    calls_after_install = [0]
+    phase = ["before"]  # before, then installed-N / uninstalled-N
+    calls_in: dict[str, int] = {}
+    churned: dict[str, list[str]] = {}  # phase -> sessions created and deleted within it
+    reads = [0]
     errors: list[str] = []
 
     def writer(worker: int) -> None:
@@ -152,7 +182,7 @@ def test_install_under_load_loses_no_trace_of_a_live_session(rllm_gateway: Any) 
             while not stop.is_set():
                 sid = sessions[n % len(sessions)]
                 marker = f"{sid}#{n}"
-                after = installed.is_set()
+                current = phase[0]
                 try:
                     ok = _chat(client, sid, marker)
                 except httpx.HTTPError as err:
@@ -163,8 +193,7 @@ def test_install_under_load_loses_no_trace_of_a_live_session(rllm_gateway: Any) 
                     return
                 with lock:
                     answered.setdefault(sid, set()).add(marker)
-                    if after:
-                        calls_after_install[0] += 1
+                    calls_in[current] = calls_in.get(current, 0) + 1
                 n += 1
                 # paced, as agents are: unpaced, four writers queue persist tasks faster than the 0.1.0
                 # store commits them, and a churn session's trace waits seconds behind thousands of them
@@ -176,7 +205,7 @@ def test_install_under_load_loses_no_trace_of_a_live_session(rllm_gateway: Any) 
             n = 0
             while not stop.is_set():
                 sid = f"churn-{run_id}-{n}"
-                after = installed.is_set()
+                current = phase[0]
                 try:
                     if not _chat(client, sid, f"{sid}#0"):
                         errors.append(f"{sid}: not answered")
@@ -191,27 +220,72 @@ def test_install_under_load_loses_no_trace_of_a_live_session(rllm_gateway: Any) 
                 except httpx.HTTPError as err:
                     errors.append(f"{sid}: {err}")
                     return
-                if after:
-                    churn_after_install.append(sid)
+                if phase[0] == current:
+                    with lock:
+                        churned.setdefault(current, []).append(sid)
                 n += 1
 
+    def reader() -> None:
+        """A trainer's and a dashboard's reads through the gateway (its one store connection)."""
+        with httpx.Client(base_url=gw.url, timeout=30) as client:
+            while not stop.is_set():
+                with lock:
+                    live = sorted(answered)
+                try:
+                    client.get("/sessions", params={"limit": 100}).raise_for_status()
+                    if live:
+                        client.get(f"/sessions/{live[reads[0] % len(live)]}/traces").raise_for_status()
+                except httpx.HTTPError as err:
+                    errors.append(f"reader: {err}")
+                    return
+                reads[0] += 1
+                stop.wait(0.02)
+
+    def loaded(name: str) -> bool:
+        with lock:
+            return ((calls_in.get(name, 0) >= CALLS_PER_PHASE and len(churned.get(name, [])) >= CHURN_PER_PHASE)
+                    or bool(errors))
+
+    def summary() -> str:
+        log = gw.process.output()
+        return (f"journal mode {gateway_flavor.journal_mode}; gateway log: {log.count('Failed to persist')} "
+                f"'Failed to persist', {log.count('database is locked')} 'database is locked'; "
+                f"calls per phase {calls_in}; errors {errors[:3]}")
+
+    installs: list[Any] = []
+    uninstalls: list[Any] = []
+    statuses: list[Any] = []
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
-    threads.append(threading.Thread(target=churn))
+    threads += [threading.Thread(target=churn), threading.Thread(target=reader), threading.Thread(target=reader)]
     for thread in threads:
         thread.start()
     try:
-        wait_until(lambda: sum(len(m) for m in answered.values()) >= 40 or bool(errors), "load before install")
-        first = guard.install(db)
-        again = guard.install(db)  # idempotent, also under load
-        installed.set()
-        wait_until(lambda: (calls_after_install[0] >= 60 and len(churn_after_install) >= 3) or bool(errors),
-                   "load after install")
+        wait_until(lambda: calls_in.get("before", 0) >= CALLS_PER_PHASE or bool(errors), "load before install")
+        for cycle in range(GUARD_CYCLES):
+            if errors:
+                break
+            installs.append((guard.install(db), guard.install(db)))  # the second: idempotent, also under load
+            phase[0] = f"installed-{cycle}"
+            wait_until(lambda cycle=cycle: loaded(f"installed-{cycle}"), f"load after install {cycle}")
+            with lock:
+                deleted_under_guard = list(churned.get(f"installed-{cycle}", []))
+            with read_only(db) as conn:  # sessions deleted under the guard carry tombstones
+                tombstoned = guard.tombstoned_among(conn, deleted_under_guard)
+            statuses.append((guard.status(db), tombstoned == deleted_under_guard))
+            uninstalls.append(guard.uninstall(db))
+            phase[0] = f"uninstalled-{cycle}"
+            wait_until(lambda cycle=cycle: loaded(f"uninstalled-{cycle}"), f"load after uninstall {cycle}")
     finally:
         stop.set()
         for thread in threads:
             thread.join(timeout=60)
-    assert errors == []
-    assert first.created and not again.changed
+    assert not any(thread.is_alive() for thread in threads), "a load thread did not stop"
+    assert errors == [], summary()
+    assert len(installs) == len(uninstalls) == GUARD_CYCLES
+    assert all(first.created and not again.changed for first, again in installs)
+    assert all(st.installed and st.triggers_intact and st.dropped_writes == 0 and ok for st, ok in statuses)
+    assert all(result.removed for result in uninstalls)
+    assert reads[0] >= 10
 
     def markers_in_db() -> dict[str, set[str]]:
         with read_only(db) as conn:
@@ -225,16 +299,17 @@ def test_install_under_load_loses_no_trace_of_a_live_session(rllm_gateway: Any) 
         return found
 
     # The gateway persists fire-and-forget after it answers: wait for the last writes, then compare exactly.
-    wait_until(lambda: markers_in_db() == answered, "every answered call's trace in the file")
-    assert sum(len(m) for m in answered.values()) >= 100
-    status = guard.status(db)
-    assert status.triggers_intact and status.dropped_writes == 0
-    with read_only(db) as conn:
-        assert guard.tombstoned_among(conn, churn_after_install) == churn_after_install
-        assert guard.tombstoned_among(conn, sorted(answered)) == []
-    assert not any(sid.startswith("churn-") for sid in db_sessions(db))
-    assert "Failed to persist" not in gw.process.output()
-    assert "database is locked" not in gw.process.output()
+    try:
+        wait_until(lambda: markers_in_db() == answered, "every answered call's trace in the file")
+    except AssertionError:
+        found = markers_in_db()
+        lost = sum(len(m - found.get(sid, set())) for sid, m in answered.items())
+        raise AssertionError(f"{lost} of {sum(map(len, answered.values()))} answered calls have no trace in "
+                             f"the file; {summary()}") from None
+    assert not guard.status(db).installed  # the last uninstall took everything of the guard out of the file
+    assert not any(sid.startswith("churn-") for sid in db_sessions(db))  # every churn delete went through
+    assert "Failed to persist" not in gw.process.output(), summary()
+    assert "database is locked" not in gw.process.output(), summary()
 
 
 def test_retry_reusing_a_deleted_uid_is_dropped_until_lifted(rllm_gateway: Any,
@@ -265,3 +340,47 @@ def test_retry_reusing_a_deleted_uid_is_dropped_until_lifted(rllm_gateway: Any,
         assert _chat(client, uid, "after the lift")
     wait_until(lambda: listed(gw.url).get(uid) == 1, "the lifted session's trace")
     assert guard.status(db).dropped_writes == 2
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_backfilled_ids_drop_their_late_writes_until_lifted(store: str, rllm_gateway: Any, guarded_gateway: Any,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``gatewayscope guard backfill`` of ids deleted before the guard existed: the guarded launcher's memory
+    store (by URL) and an unmodified gateway's SQLite file with the triggers (by path), on both gateways."""
+    if store == "memory":
+        gw = guarded_gateway("memory")
+        target = gw.url
+
+        def dropped() -> int:
+            return int(httpx.get(f"{gw.url}/guard/status", timeout=10).json()["dropped_writes"])
+    else:
+        gw = rllm_gateway("sqlite")
+        assert gw.db_path is not None
+        target = gw.db_path
+        assert cli_main(["guard", "install", target]) == 0
+
+        def dropped() -> int:
+            return guard.status(target).dropped_writes
+    deleted_before = ["old-task:0", "old-task:1"]
+    capsys.readouterr()
+    assert cli_main(["guard", "backfill", target, *deleted_before]) == 0
+    first = capsys.readouterr().out
+    assert cli_main(["guard", "backfill", target, *deleted_before]) == 0  # idempotent: nothing new
+    again = capsys.readouterr().out
+    assert "2 new tombstones, 0 already tombstoned" in first
+    assert "0 new tombstones, 2 already tombstoned" in again
+
+    with httpx.Client(base_url=gw.url, timeout=30) as client:
+        for sid in deleted_before:  # stragglers of the deleted sessions
+            assert _chat(client, sid, "a late tool result")
+        assert _chat(client, "live-task:0", "a live call")
+    wait_until(lambda: listed(gw.url).get("live-task:0") == 1 and dropped() >= 2, "the live trace and the drops")
+    assert listed(gw.url) == {"live-task:0": 1}
+    assert dropped() == 2
+
+    assert cli_main(["guard", "lift", target, "old-task:1"]) == 0  # it was a retry after all
+    with httpx.Client(base_url=gw.url, timeout=30) as client:
+        assert _chat(client, "old-task:1", "the retry's call")
+    wait_until(lambda: listed(gw.url).get("old-task:1") == 1, "the lifted session's trace")
+    assert listed(gw.url) == {"live-task:0": 1, "old-task:1": 1}
+    assert dropped() == 2

@@ -174,6 +174,6 @@ def test_a_held_call_answers_only_after_its_release(rllm_gateway: Any) -> None:
         thread.join(timeout=30)
     assert result["response"].status_code == 200
     with httpx.Client(base_url=gw.url, timeout=10) as c:
-        assert len(wait_traces(c, tag, 1)) == 1  # landed after the delete: the straggler resurrection
+        assert len(wait_traces(c, tag, 1)) == 1  # landed after the delete: the straggler's resurrection
         assert c.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
                       headers={"x-stub-hold": "1"}).status_code == 400  # a hold needs a tag
