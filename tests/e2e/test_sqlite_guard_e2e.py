@@ -312,6 +312,20 @@ def test_install_and_uninstall_under_load_lose_no_trace_of_a_live_session(rllm_g
     assert "database is locked" not in gw.process.output(), summary()
 
 
+def settled(probe: Callable[[], int], *, quiet: float = 1.0, timeout: float = 20.0) -> int:
+    """``probe()`` once it has not changed for ``quiet`` seconds (at most ``timeout`` seconds of polling)."""
+    deadline = time.monotonic() + timeout
+    value, since = probe(), time.monotonic()
+    while time.monotonic() < deadline:  # bounded by the deadline
+        time.sleep(0.1)
+        latest = probe()
+        if latest != value:
+            value, since = latest, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return value
+
+
 def test_retry_reusing_a_deleted_uid_is_dropped_until_lifted(rllm_gateway: Any,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """The SQLite guard never sees rLLM's POST /sessions: a retry's writes are dropped, visible in status,
@@ -323,15 +337,24 @@ def test_retry_reusing_a_deleted_uid_is_dropped_until_lifted(rllm_gateway: Any,
     run = run_rollouts(gw.url, n_rollouts=2, n_stragglers=0, calls_per_rollout=2, n_live=0, group_size=2, seed=1)
     assert run.ok and len(run.deleted_uids) == 2
     uid = run.deleted_uids[0]
+    # the gateway stores a trace after it answers: a rollout's last trace can land after its own delete and
+    # be dropped (the straggler race, more often on a loaded machine); count from where that settled
+    before = settled(lambda: guard.status(db).dropped_writes)
+    before_uid = {d.session_id: d.dropped for d in guard.status(db).top_droppers}.get(uid, 0)
 
-    retry = retry_rollout(gw.url, uid, calls=2, explicit_create=True)
-    assert retry.errors == [] and retry.calls == 2
-    wait_until(lambda: guard.status(db).dropped_writes >= 2, "the retry's dropped writes")
+    # the retry's two writes one after the other: two writes of one tombstoned session persisted at the same
+    # moment are each counted twice (a known over-count of the triggers' bookkeeping, docs/guard.md)
+    retry = retry_rollout(gw.url, uid, calls=1, explicit_create=True)
+    assert retry.errors == [] and retry.calls == 1
+    wait_until(lambda: guard.status(db).dropped_writes >= before + 1, "the retry's first dropped write")
+    with httpx.Client(base_url=gw.url, timeout=30) as client:
+        assert _chat(client, uid, "the retry's second call")
+    wait_until(lambda: guard.status(db).dropped_writes >= before + 2, "the retry's dropped writes")
     capsys.readouterr()
     assert cli_main(["guard", "status", db]) == 0
     out = capsys.readouterr().out
     assert uid in out and "guard lift" in out
-    assert [(d.session_id, d.dropped) for d in guard.status(db).top_droppers] == [(uid, 2)]
+    assert {d.session_id: d.dropped for d in guard.status(db).top_droppers}[uid] == before_uid + 2
     assert uid not in listed(gw.url)
 
     assert cli_main(["guard", "lift", db, uid]) == 0
@@ -339,7 +362,7 @@ def test_retry_reusing_a_deleted_uid_is_dropped_until_lifted(rllm_gateway: Any,
     with httpx.Client(base_url=gw.url, timeout=30) as client:
         assert _chat(client, uid, "after the lift")
     wait_until(lambda: listed(gw.url).get(uid) == 1, "the lifted session's trace")
-    assert guard.status(db).dropped_writes == 2
+    assert guard.status(db).dropped_writes == before + 2
 
 
 @pytest.mark.parametrize("store", ["memory", "sqlite"])
