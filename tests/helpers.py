@@ -72,8 +72,9 @@ def write_store(path: Path, sessions: dict[str, int], *, start: int = 0) -> None
     asyncio.run(go())
 
 
-def age(path: Path, session_ids: list[str], seconds: float) -> None:
-    with sqlite3.connect(path) as conn:
+def age(path: str | Path, session_ids: list[str], seconds: float) -> None:
+    """Move the sessions' rows back in time, as if they had been idle that long (waits up to 10 s for a writer)."""
+    with sqlite3.connect(path, timeout=10) as conn:
         for sid in session_ids:
             conn.execute("UPDATE trace_sessions SET created_at = created_at - ? WHERE session_id = ?", (seconds, sid))
             conn.execute("UPDATE traces SET created_at = created_at - ? WHERE trace_id IN "

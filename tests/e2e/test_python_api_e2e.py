@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -23,21 +22,13 @@ import pytest
 
 import gatewayscope as gs
 from gatewayscope.sandbox.rollouts import run_rollouts
+from tests.helpers import age
 from tests.helpers import gateway_sessions as sessions
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 TAIL = "0 refused, 0 unconfirmed, 0 gone, 0 stale, 0 already-done"
-
-
-def age(db: str, session_ids: list[str], seconds: float) -> None:
-    """Move the sessions' rows back in time, as if they had been idle that long."""
-    with sqlite3.connect(db, timeout=10) as conn:
-        for sid in session_ids:
-            conn.execute("UPDATE trace_sessions SET created_at = created_at - ? WHERE session_id = ?", (seconds, sid))
-            conn.execute("UPDATE traces SET created_at = created_at - ? WHERE trace_id IN "
-                         "(SELECT trace_id FROM trace_sessions WHERE session_id = ?)", (seconds, sid))
 
 
 @pytest.mark.parametrize("store", ["sqlite", "memory"])

@@ -32,8 +32,8 @@ from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import build_plan
 from gatewayscope.sandbox.rollouts import run_rollouts
 from gatewayscope.scan import take_snapshot
+from tests.helpers import age, guard_status, wait_for
 from tests.helpers import gateway_sessions as sessions
-from tests.helpers import guard_status, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -157,15 +157,6 @@ def gatewayscope(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-c", "from gatewayscope.cli import run; run()", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(cwd)})
-
-
-def age(db: str, session_ids: list[str], seconds: float) -> None:
-    """Move the sessions' rows back in time (as if they had been idle that long)."""
-    with sqlite3.connect(db, timeout=10) as conn:
-        for sid in session_ids:
-            conn.execute("UPDATE trace_sessions SET created_at = created_at - ? WHERE session_id = ?", (seconds, sid))
-            conn.execute("UPDATE traces SET created_at = created_at - ? WHERE trace_id IN "
-                         "(SELECT trace_id FROM trace_sessions WHERE session_id = ?)", (seconds, sid))
 
 
 def test_the_cli_plans_shows_dry_runs_applies_and_refuses_to_apply_twice(rllm_gateway: Any, tmp_path: Path) -> None:
