@@ -40,7 +40,7 @@ def exporter_own_metrics() -> list[str]:
     """The names ``ExporterCollector`` serves, from one collect() with one target's counters."""
     from gatewayscope.exporter.collectors import ExporterCollector
 
-    collector = ExporterCollector(lambda: {"t": {"reads": {}, "scrapes": {}, "in_flight": 0}})
+    collector = ExporterCollector(lambda: {"t": {"reads": {}, "scrapes": {}, "in_flight": 0, "store_reads": {}}})
     return [_exposition_name(family) for family in collector.collect()]
 
 

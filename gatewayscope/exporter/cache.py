@@ -13,7 +13,8 @@ Reads run in daemon threads, one per running read, so at most one thread per tar
 hung gateway, and that read ends: each of its requests, answer included, ends within the target's
 ``timeout_seconds`` however slowly the gateway sends (see :mod:`gatewayscope.sources._http`).
 ``reader`` is the seam tests use; it defaults to :func:`gatewayscope.scan.read_target`,
-keeping each rLLM gateway's candidate traces between reads (:class:`_DefaultReader`).
+keeping each rLLM gateway's candidate traces between reads, and each SQLite trace store's last read so the
+next one reads only what was added since (:class:`_DefaultReader`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gatewayscope.config import Policy, Target
+from gatewayscope.exporter.settings import DEFAULT_FULL_READ_INTERVAL_SECONDS
 from gatewayscope.snapshot import TargetSnapshot
 
 if TYPE_CHECKING:
     from gatewayscope.sources.rllm_http import KnownTraces
+    from gatewayscope.sources.rllm_sqlite_delta import IncrementalStore
 
 log = logging.getLogger(__name__)
 
@@ -76,21 +79,65 @@ class _Slot:
 class _DefaultReader:
     """:func:`gatewayscope.scan.read_target` without plan fingerprints (the exporter never plans), keeping
     each rLLM gateway's candidate traces from one read to the next (orphans stay until deleted, and
-    re-reading their traces at every read would cost the gateway the most of any part of a warm read)."""
+    re-reading their traces at every read would cost the gateway the most of any part of a warm read).
 
-    def __init__(self) -> None:
+    A SQLite trace store is read by its :class:`~gatewayscope.sources.rllm_sqlite_delta.IncrementalStore`: only
+    the rows added since its last read, with a full read whenever it cannot be sure and at least every
+    ``full_read_interval_seconds`` (docs/exporter.md, "What a scrape reads").
+    """
+
+    def __init__(self, *, full_read_interval_seconds: float = DEFAULT_FULL_READ_INTERVAL_SECONDS) -> None:
+        self.full_read_interval_seconds = full_read_interval_seconds
         self._known: dict[str, KnownTraces] = {}
+        self._stores: dict[str, IncrementalStore] = {}
         self._lock = threading.Lock()
 
     def __call__(self, target: Target, policy: Policy, *, now: float, transport: Any = None) -> TargetSnapshot:
         from gatewayscope.scan import read_target
         from gatewayscope.sources.rllm_http import KnownTraces
 
+        if target.kind == "rllm" and not target.is_remote:
+            return self._read_store(target, policy, now=now)
         known = None
         if target.kind == "rllm" and target.is_remote:
             with self._lock:
                 known = self._known.setdefault(target.name, KnownTraces())
         return read_target(target, policy, now=now, transport=transport, fingerprints=False, known_traces=known)
+
+    def _read_store(self, target: Target, policy: Policy, *, now: float) -> TargetSnapshot:
+        """A SQLite target's read, every failure described on the snapshot as :func:`read_target` does."""
+        from gatewayscope.errors import GatewayscopeError
+        from gatewayscope.scan import read_target
+        from gatewayscope.sources.rllm_sqlite_delta import IncrementalStore
+
+        with self._lock:
+            store = self._stores.get(target.name)
+            if store is None:
+                store = self._stores[target.name] = IncrementalStore(self.full_read_interval_seconds)
+        snap = TargetSnapshot(name=target.name, kind=target.kind, address=target.address, up=False,
+                              started_at=time.time(), duration_seconds=0.0)
+        clock = time.perf_counter()
+        try:
+            data = store.read(target, policy, now=now)
+            if data is None:  # the guard is installed: the scan's read serves it
+                return read_target(target, policy, now=now, fingerprints=False)
+            snap.trace_store = data
+            snap.up = True
+        except GatewayscopeError as err:
+            snap.error, snap.error_kind = str(err), err.kind
+        except Exception as err:  # a bug or an unforeseen file must not stop the exporter
+            log.debug("reading %s failed", target.name, exc_info=True)
+            snap.error = f"unexpected {type(err).__name__} while reading {target.address}: {err}"
+            snap.error_kind = "internal"
+        snap.duration_seconds = time.perf_counter() - clock
+        return snap
+
+    def store_reads(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Per SQLite target read so far: its reads by mode and its full reads by reason (see
+        :meth:`~gatewayscope.sources.rllm_sqlite_delta.IncrementalStore.counts`)."""
+        with self._lock:
+            stores = dict(self._stores)
+        return {name: store.counts() for name, store in stores.items()}
 
 
 class TargetCache:
@@ -106,11 +153,12 @@ class TargetCache:
         transports: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        full_read_interval_seconds: float = DEFAULT_FULL_READ_INTERVAL_SECONDS,
     ) -> None:
         self.targets = list(targets)
         self.policy = policy
         self.min_interval_seconds = float(min_interval_seconds)
-        self.reader: Reader = reader or _DefaultReader()
+        self.reader: Reader = reader or _DefaultReader(full_read_interval_seconds=full_read_interval_seconds)
         self.transports = dict(transports or {})
         self.clock = clock
         self.wall_clock = wall_clock
@@ -193,9 +241,12 @@ class TargetCache:
     # -- state for the self-metrics and the landing page ---------------------------------------
 
     def counters(self) -> dict[str, dict[str, Any]]:
-        """Per target: ``reads`` (by result), ``scrapes`` (by source), ``in_flight`` (0/1) and ``last``."""
+        """Per target: ``reads`` (by result), ``scrapes`` (by source), ``in_flight`` (0/1) and ``last``; a SQLite
+        target the default reader has read also has ``store_reads`` (``modes`` and full-read ``reasons``)."""
+        store_reads = getattr(self.reader, "store_reads", None)
+        stores = store_reads() if callable(store_reads) else {}
         with self._lock:
-            return {
+            out = {
                 name: {
                     "reads": dict(slot.reads),
                     "scrapes": dict(slot.scrapes),
@@ -204,6 +255,10 @@ class TargetCache:
                 }
                 for name, slot in self._slots.items()
             }
+        for name, counts in stores.items():
+            if name in out:
+                out[name]["store_reads"] = counts
+        return out
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no read is running (tests and orderly shutdown). True when idle in time."""

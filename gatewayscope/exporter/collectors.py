@@ -38,6 +38,10 @@ CONFIDENCES = ("confirmed", "suspected")
 BOUNDS = ("low", "high")
 RECORD_KINDS = ("standard", "custom")
 POSTURE_SETTINGS = ("drop_excess_requests", "enforce_auth_on_inference", "disable_content_logging")
+#: how a SQLite trace store was read, and why a read was full (gatewayscope.sources.rllm_sqlite_delta's MODES
+#: and FULL_REASONS, which tests/exporter checks these against: the sources load only when a target is read)
+STORE_READ_MODES = ("incremental", "full", "guarded")
+FULL_READ_REASONS = ("first", "interval", "file", "schema", "rows")
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,15 @@ _SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("gatewayscope_exporter_read_in_progress", "gauge", ("target",),
                "1 while a read of the target is running (a hung gateway keeps it at 1), else 0.",
                per_target=False),
+    MetricSpec("gatewayscope_exporter_store_reads_total", "counter", ("target", "mode"),
+               "Reads of a SQLite trace-store target, by mode: incremental (only the rows added since the last "
+               "read), full (everything), guarded (the store has the tombstone guard installed: read as the "
+               "scan reads it). Only SQLite targets have it.", per_target=False),
+    MetricSpec("gatewayscope_exporter_store_full_reads_total", "counter", ("target", "reason"),
+               "Full reads of a SQLite trace-store target, by why the exporter could not read only what was added: "
+               "first (no earlier read, or it failed), interval (full_read_interval_seconds passed), file "
+               "(replaced or shrunk), schema (schema changed: VACUUM, guard install or uninstall), rows (rows "
+               "up to the last read's watermark were deleted or replaced).", per_target=False),
 )
 
 #: every metric the exporter can serve, by exposition name
@@ -324,7 +337,8 @@ class TargetsCollector:
 
 
 class ExporterCollector:
-    """The exporter's own metrics: build info and, per target, reads, scrapes and whether a read is running.
+    """The exporter's own metrics: build info and, per target, reads, scrapes and whether a read is running;
+    per SQLite target, its reads by mode and its full reads by reason.
 
     ``counters`` is :meth:`gatewayscope.exporter.cache.TargetCache.counters` (called on every collect).
     """
@@ -341,4 +355,10 @@ class ExporterCollector:
             samples += [Sample("gatewayscope_exporter_target_scrapes_total", (name, source),
                                float(entry["scrapes"].get(source, 0))) for source in SOURCES]
             samples.append(Sample("gatewayscope_exporter_read_in_progress", (name,), float(entry["in_flight"])))
+            store = entry.get("store_reads")
+            if store is not None:
+                samples += [Sample("gatewayscope_exporter_store_reads_total", (name, mode),
+                                   float(store.get("modes", {}).get(mode, 0))) for mode in STORE_READ_MODES]
+                samples += [Sample("gatewayscope_exporter_store_full_reads_total", (name, reason),
+                                   float(store.get("reasons", {}).get(reason, 0))) for reason in FULL_READ_REASONS]
         yield from families(samples, min_interval_seconds=0.0)

@@ -102,7 +102,8 @@ class Exporter:
         self.config = config
         self.settings = settings
         self.cache = TargetCache(config.targets, config.policy, min_interval_seconds=settings.min_interval_seconds,
-                                 reader=reader, transports=transports)
+                                 reader=reader, transports=transports,
+                                 full_read_interval_seconds=settings.full_read_interval_seconds)
         #: the findings of each target's last read, so a scrape served from the cache does not analyse again
         self.findings = FindingsCache()
 

@@ -10,6 +10,8 @@
                                            # under record="_other"
     default_scrape_timeout_seconds = 10    # when Prometheus sends no X-Prometheus-Scrape-Timeout-Seconds
     scrape_timeout_margin_seconds = 0.5    # kept back from the scrape timeout to render the answer
+    full_read_interval_seconds = 600       # a SQLite trace store is read whole at least this often; reads in
+                                           # between read only the rows added since (0: always whole)
     tls_cert_file = "/etc/gatewayscope/tls.crt"   # both or neither: serve HTTPS
     tls_key_file = "/etc/gatewayscope/tls.key"
     basic_auth_username = "prometheus"             # with exactly one of:
@@ -36,6 +38,8 @@ DEFAULT_MIN_INTERVAL_SECONDS = 15.0
 DEFAULT_MAX_RECORD_SERIES = 50
 DEFAULT_SCRAPE_TIMEOUT_SECONDS = 10.0
 DEFAULT_SCRAPE_TIMEOUT_MARGIN_SECONDS = 0.5
+#: the longest a SQLite trace store goes without a full read (gatewayscope.sources.rllm_sqlite_delta)
+DEFAULT_FULL_READ_INTERVAL_SECONDS = 600.0
 
 EXPORTER_KEYS = (
     "listen",
@@ -43,6 +47,7 @@ EXPORTER_KEYS = (
     "max_record_series",
     "default_scrape_timeout_seconds",
     "scrape_timeout_margin_seconds",
+    "full_read_interval_seconds",
     "tls_cert_file",
     "tls_key_file",
     "basic_auth_username",
@@ -60,6 +65,7 @@ class ExporterSettings:
     max_record_series: int = DEFAULT_MAX_RECORD_SERIES
     default_scrape_timeout_seconds: float = DEFAULT_SCRAPE_TIMEOUT_SECONDS
     scrape_timeout_margin_seconds: float = DEFAULT_SCRAPE_TIMEOUT_MARGIN_SECONDS
+    full_read_interval_seconds: float = DEFAULT_FULL_READ_INTERVAL_SECONDS
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     basic_auth_username: str | None = None
@@ -179,7 +185,8 @@ basic_auth_password_env or basic_auth_password_file)
 
     for key, minimum, strict in (("min_interval_seconds", 0.0, False),
                                  ("default_scrape_timeout_seconds", 0.0, True),
-                                 ("scrape_timeout_margin_seconds", 0.0, False)):
+                                 ("scrape_timeout_margin_seconds", 0.0, False),
+                                 ("full_read_interval_seconds", 0.0, False)):
         if key in raw:
             value = raw[key]
             if not _number(value) or value < minimum or (strict and value <= minimum):

@@ -44,16 +44,18 @@ def test_every_problem_is_one_line() -> None:
     lines = problems({
         "listen": "9465", "min_interval_seconds": "15", "max_record_series": 2.5,
         "default_scrape_timeout_seconds": 0, "scrape_timeout_margin_seconds": True, "tls_key_file": "",
-        "basic_auth_password_env": "PW", "colour": "blue",
+        "basic_auth_password_env": "PW", "colour": "blue", "full_read_interval_seconds": -1,
     })
     assert lines == [
         "g.toml: exporter.colour: unknown key; expected one of listen, min_interval_seconds, max_record_series, "
-        "default_scrape_timeout_seconds, scrape_timeout_margin_seconds, tls_cert_file, tls_key_file, "
+        "default_scrape_timeout_seconds, scrape_timeout_margin_seconds, full_read_interval_seconds, tls_cert_file, "
+        "tls_key_file, "
         "basic_auth_username, basic_auth_password_env, basic_auth_password_file",
         "g.toml: exporter.listen: expected HOST:PORT like '127.0.0.1:9465', got '9465'",
         "g.toml: exporter.min_interval_seconds: expected a number of seconds >= 0, got '15'",
         "g.toml: exporter.default_scrape_timeout_seconds: expected a positive number of seconds, got 0",
         "g.toml: exporter.scrape_timeout_margin_seconds: expected a number of seconds >= 0, got True",
+        "g.toml: exporter.full_read_interval_seconds: expected a number of seconds >= 0, got -1",
         "g.toml: exporter.max_record_series: expected a whole number >= 0, got 2.5",
         "g.toml: exporter.tls_key_file: expected a non-empty string, got ''",
         "g.toml: exporter.tls_cert_file: TLS needs both tls_cert_file and tls_key_file",
