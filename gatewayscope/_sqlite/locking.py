@@ -15,12 +15,15 @@ on a live store keeps these rules:
   own locks never show; off Linux, and where the descriptor is not found, the probes see nothing and fine
   polling alone remains.
 * **Reads of one file take turns in this process** (:func:`one_reader_per_file`).
-* **Write exclusively, into silence, then let the gateway go next** (:class:`Writer`).
+* **Write exclusively, into silence, then let the gateway go next** (:class:`Writer`). In WAL mode "silence"
+  is no open read transaction in another process, and none may begin until our commit is visible
+  (:class:`ReadMarkSeal`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import sqlite3
@@ -237,6 +240,117 @@ class LockTable(LockProbe):
         return self.held()
 
 
+# -- WAL: the read marks of the -shm file ----------------------------------------------------------------------------
+
+#: SQLite's WAL-index (``-shm``) lock bytes (wal.c): WAL_WRITE_LOCK 120, WAL_CKPT_LOCK 121, WAL_RECOVER_LOCK 122,
+#: WAL_READ_LOCK(n) = 123 + n for the five read marks; every connection holds the DMS byte 128 shared while open
+WAL_READ_LOCK_FIRST = 123
+WAL_READ_LOCKS = 5
+WAL_DMS_LOCK = 128
+class ReadMarkSeal:
+    """Holds every read mark of a WAL store's ``-shm`` file, so that no other process is in a read transaction
+    and none can begin one.
+
+    A WAL reader holds a shared lock on one read-mark byte for as long as its read transaction lasts, and takes
+    it when the transaction begins. :meth:`seal` asks ``fcntl(F_SETLK)`` for a write lock on all five at once:
+    the kernel grants it only when no other process holds any of them (it never waits), and while it is held
+    another process's reader cannot begin (SQLite retries it with short sleeps, up to about 10 s). Our own
+    connection's shared lock on its mark is merged into ours (POSIX locks are per process).
+
+    SQLite itself drops and retakes this process's read-mark locks in one case: a commit whose read stands on
+    read mark 0 (the WAL was fully checkpointed when the read began) restarts the WAL first, and that opens the
+    seal before the commit is visible. :meth:`keep_off_mark_zero` prevents it: an open-file-description lock on
+    mark 0 conflicts with this process's own POSIX locks too, so a read that begins under it takes another mark.
+
+    The locks are taken through SQLite's own descriptor of the ``-shm`` file, found by its identity and never
+    closed (closing any descriptor of it would drop every lock this process holds on it). Off Linux, and when
+    the descriptor is not found, :attr:`fd` is None and nothing is sealed.
+    """
+
+    def __init__(self, fd: int | None, identity: tuple[int, int] | None = None) -> None:
+        self.fd = fd
+        self.identity = identity
+
+    @classmethod
+    def for_store(cls, path: str | Path) -> ReadMarkSeal:
+        """The seal through this process's descriptor of ``path``'s ``-shm`` file (SQLite opens one per process
+        and keeps it while any connection to the file is open: call this while one is)."""
+        if not probes_supported() or not hasattr(fcntl, "F_OFD_SETLK"):
+            return cls(None)
+        try:
+            info = os.stat(f"{Path(path).expanduser()}-shm")
+        except OSError:
+            return cls(None)
+        identity = (info.st_dev, info.st_ino)
+        for fd, refers_to in open_descriptors().items():
+            if refers_to == identity:
+                return cls(fd, identity)
+        return cls(None)
+
+    def _still_valid(self) -> bool:
+        if self.fd is None:
+            return False
+        try:
+            info = os.fstat(self.fd)
+        except OSError:
+            info = None
+        if info is None or (info.st_dev, info.st_ino) != self.identity:
+            self.fd = None
+        return self.fd is not None
+
+    def _lock(self, command: int, lock_type: int, start: int, length: int) -> bytes:
+        assert self.fd is not None
+        return fcntl.fcntl(self.fd, command, struct.pack(_FLOCK, lock_type, os.SEEK_SET, start, length, 0))
+
+    def seal(self) -> bool:
+        """Take the write lock on every read mark if no other process holds one; False (nothing taken) if one
+        does. A descriptor that went away turns the seal off (:attr:`fd` None) and also answers False."""
+        if not self._still_valid():
+            return False
+        try:
+            self._lock(fcntl.F_SETLK, fcntl.F_WRLCK, WAL_READ_LOCK_FIRST, WAL_READ_LOCKS)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES):
+                self.fd = None
+            return False
+        return True
+
+    def release(self) -> None:
+        """Drop this process's locks on the read marks (call once our connection's transaction has ended)."""
+        if self._still_valid():
+            with contextlib.suppress(OSError):
+                self._lock(fcntl.F_SETLK, fcntl.F_UNLCK, WAL_READ_LOCK_FIRST, WAL_READ_LOCKS)
+
+    def others_connected(self) -> bool:
+        """Whether another process has the store open (it holds the DMS byte shared)."""
+        if not self._still_valid():
+            return False
+        try:
+            answer = self._lock(fcntl.F_GETLK, fcntl.F_WRLCK, WAL_DMS_LOCK, 1)
+        except OSError:
+            return False
+        return bool(struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK)
+
+    def keep_off_mark_zero(self) -> bool:
+        """Take an open-file-description write lock on read mark 0, so that a read our connection begins now
+        stands on another mark; False (nothing taken) while any process, this one included, holds mark 0."""
+        if not self._still_valid():
+            return False
+        try:
+            self._lock(fcntl.F_OFD_SETLK, fcntl.F_WRLCK, WAL_READ_LOCK_FIRST, 1)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES):
+                self.fd = None
+            return False
+        return True
+
+    def allow_mark_zero(self) -> None:
+        """Drop the lock :meth:`keep_off_mark_zero` took (this process's POSIX locks are not touched)."""
+        if self._still_valid():
+            with contextlib.suppress(OSError):
+                self._lock(fcntl.F_OFD_SETLK, fcntl.F_UNLCK, WAL_READ_LOCK_FIRST, 1)
+
+
 # -- reads of one file take turns ----------------------------------------------------------------------------------
 
 _FILE_LOCKS_GUARD = threading.Lock()
@@ -253,15 +367,23 @@ def one_reader_per_file(path: str) -> Iterator[None]:
     parallel), so reads of one file take turns. A path that cannot be stat'ed is not held (opening it
     fails with its own message).
     """
-    try:
-        info = os.stat(path)
-    except OSError:
+    lock = file_lock(path)
+    if lock is None:
         yield
         return
-    with _FILE_LOCKS_GUARD:
-        lock = _FILE_LOCKS.setdefault((info.st_dev, info.st_ino), threading.Lock())
     with lock:
         yield
+
+
+def file_lock(path: str | Path) -> threading.Lock | None:
+    """The lock reads (and WAL writes) of the file at ``path`` take turns on in this process; None when the
+    path cannot be stat'ed."""
+    try:
+        info = os.stat(Path(path).expanduser())
+    except OSError:
+        return None
+    with _FILE_LOCKS_GUARD:
+        return _FILE_LOCKS.setdefault((info.st_dev, info.st_ino), threading.Lock())
 
 
 # -- the one way to write ---------------------------------------------------------------------------------------------
@@ -292,9 +414,18 @@ class Writer:
       when no statement of the gateway is open, and while it runs every gateway statement waits in the
       gateway's busy handler instead.
     * **Only into silence.** ``BEGIN EXCLUSIVE`` is tried only while :class:`LockTable` sees no lock of another
-      process on the file (where it can see: on Linux, in DELETE journal mode; in WAL mode every connection
-      holds a shared lock for as long as it is open, so there the tries go by polling alone). Each try is
-      immediate and they come every quarter to half millisecond (:func:`retry_while_locked`).
+      process on the file (where it can see: on Linux). Each try is immediate and they come every quarter to
+      half millisecond (:func:`retry_while_locked`).
+    * **In WAL mode, silence is sealed.** The upstream gateway's write from an open read fails at once when
+      another connection holds the WAL write lock, or committed since that read began (SQLITE_BUSY_SNAPSHOT).
+      So a WAL transaction opens a read, then takes :class:`ReadMarkSeal` (granted only while no other process
+      is in a read transaction, and keeping any from beginning), and only then upgrades its read to the write
+      lock (``BEGIN IMMEDIATE`` while the read is open); the seal is dropped once the transaction has ended.
+      Every read the gateway begins meanwhile waits and then sees our commit; every write waits for it. Our
+      read is kept off read mark 0 (:meth:`ReadMarkSeal.keep_off_mark_zero`), and our connection never
+      checkpoints (the gateway does, and the last connection to close): either would make SQLite drop the
+      seal's locks before our commit is visible. Reads of the same file by this process wait too
+      (:func:`file_lock`): their read marks are this process's, and the seal would take them over.
     * **The gateway goes next.** After each transaction :attr:`pause` is how long to stay off the lock
       (:func:`yield_seconds`): the caller sleeps it before its next transaction, so a write that waited on us
       gets the lock first.
@@ -303,11 +434,14 @@ class Writer:
     """
 
     def __init__(self, conn: sqlite3.Connection, *, busy_timeout: float, locks: LockTable | None = None,
-                 wal: bool = False) -> None:
+                 wal: bool = False, path: str | Path | None = None) -> None:
         self.conn = conn
         self.busy_timeout = busy_timeout
         self.locks = locks if locks is not None else LockTable(None)
         self.wal = wal
+        self.path = path
+        #: the WAL read marks, found once our connection has the ``-shm`` file open (None: not looked yet)
+        self.seal: ReadMarkSeal | None = None
         #: how long to stay off the lock after the last transaction
         self.pause = 0.0
         #: how many times a transaction waited for the other processes' locks to clear, and the longest wait
@@ -318,28 +452,80 @@ class Writer:
     def for_connection(cls, conn: sqlite3.Connection, path: str | Path, before: dict[int, tuple[int, int]], *,
                        busy_timeout: float) -> Writer:
         """A writer on ``conn``, a connection to ``path`` opened after ``before`` was taken
-        (:func:`open_descriptors`). Reads the journal mode, by fine polling: in WAL mode no lock table is used."""
+        (:func:`open_descriptors`). Reads the journal mode, by fine polling: in WAL mode no lock table is used,
+        the read marks are sealed instead, and the connection does not checkpoint."""
         def journal_mode() -> str:
             return str(conn.execute("PRAGMA journal_mode").fetchone()[0])
 
         wal = _without_busy_handler(conn, lambda: retry_while_locked(journal_mode, busy_timeout)).lower() == "wal"
+        if wal:
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
         locks = LockTable(None) if wal else LockTable.for_new_descriptor(path, before)
-        return cls(conn, busy_timeout=busy_timeout, locks=locks, wal=wal)
+        return cls(conn, busy_timeout=busy_timeout, locks=locks, wal=wal, path=path)
 
     def _begin(self) -> None:
         """``BEGIN EXCLUSIVE``, tried only while no other process holds a lock on the file."""
-        tries = 0
-
         def attempt() -> None:
-            nonlocal tries
-            tries += 1
             if self.locks.busy():
                 raise LockTimeout("database is locked")
             self.conn.execute("BEGIN EXCLUSIVE")
 
+        self._polled(attempt)
+
+    def _begin_sealed(self) -> ReadMarkSeal | None:
+        """In WAL mode: a read (kept off read mark 0), the seal, then the write lock (see the class docstring);
+        returns the seal held (None where there is none to take: then this is polling alone)."""
+        held: list[ReadMarkSeal] = []
+        if self.seal is None and self.path is not None:
+            retry_while_locked(lambda: self.conn.execute("SELECT count(*) FROM sqlite_master").fetchall(),
+                               self.busy_timeout)  # SQLite opens the -shm file for a first read
+            self.seal = ReadMarkSeal.for_store(self.path)
+        seal = self.seal if self.seal is not None and self.seal.fd is not None else None
+
+        def attempt() -> None:
+            off_zero = sealed = False
+            reading: sqlite3.Cursor | None = None
+            try:
+                if seal is not None:
+                    off_zero = seal.keep_off_mark_zero()
+                    if not off_zero:
+                        raise LockTimeout("database is locked")
+                reading = self.conn.execute("SELECT count(*) FROM sqlite_master")  # our read stays open
+                if seal is not None:
+                    seal.allow_mark_zero()
+                    off_zero = False
+                    sealed = seal.seal()
+                    if not sealed:
+                        raise LockTimeout("database is locked")
+                self.conn.execute("BEGIN IMMEDIATE")  # upgrades the open read: fails if anyone committed since
+            except BaseException:
+                if reading is not None:
+                    reading.close()  # our read ends before the seal is dropped
+                if seal is not None and off_zero:
+                    seal.allow_mark_zero()
+                if seal is not None and sealed:
+                    seal.release()
+                raise
+            assert reading is not None
+            reading.close()
+            if seal is not None:
+                held.append(seal)
+
+        self._polled(attempt)
+        return held[0] if held else None
+
+    def _polled(self, attempt: Callable[[], None]) -> None:
+        """``attempt()`` by fine polling without the busy handler; counts the waits; LockTimeout at the end."""
+        tries = 0
+
+        def counted() -> None:
+            nonlocal tries
+            tries += 1
+            attempt()
+
         started = time.monotonic()
         try:
-            _without_busy_handler(self.conn, lambda: retry_while_locked(attempt, self.busy_timeout,
+            _without_busy_handler(self.conn, lambda: retry_while_locked(counted, self.busy_timeout,
                                                                         max_interval=WRITE_POLL_SECONDS))
         except sqlite3.OperationalError as err:
             if is_busy(err):
@@ -350,21 +536,42 @@ class Writer:
             self.longest_lock_wait = max(self.longest_lock_wait, time.monotonic() - started)
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[Transaction]:
-        """``BEGIN EXCLUSIVE`` ... ``COMMIT`` (or ``ROLLBACK`` after ``rollback_only()`` or an error), taken by the
-        rules above; sets :attr:`pause` when it ends."""
-        self._begin()
-        held_from = time.monotonic()
-        txn = Transaction()
+    def _this_process_quiet(self) -> Iterator[None]:
+        """In WAL mode, the turn of this process's reads of the file (see the class docstring)."""
+        lock = file_lock(self.path) if self.wal and self.path is not None else None
+        if lock is None:
+            yield
+            return
+        if not lock.acquire(timeout=max(self.busy_timeout, 0.001)):
+            raise LockTimeout("database is locked (by a read of this process)")
         try:
-            yield txn
-            self.conn.execute("ROLLBACK" if txn.rollback else "COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                self.conn.execute("ROLLBACK")
-            raise
+            yield
         finally:
-            self.pause = yield_seconds(time.monotonic() - held_from)
+            lock.release()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """``BEGIN EXCLUSIVE`` (``BEGIN IMMEDIATE`` under the seal in WAL mode) ... ``COMMIT`` (or ``ROLLBACK``
+        after ``rollback_only()`` or an error), taken by the rules above; sets :attr:`pause` when it ends."""
+        with self._this_process_quiet():
+            sealed: ReadMarkSeal | None = None
+            if self.wal:
+                sealed = self._begin_sealed()
+            else:
+                self._begin()
+            held_from = time.monotonic()
+            txn = Transaction()
+            try:
+                yield txn
+                self.conn.execute("ROLLBACK" if txn.rollback else "COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("ROLLBACK")
+                raise
+            finally:
+                if sealed is not None:
+                    sealed.release()
+                self.pause = yield_seconds(time.monotonic() - held_from)
 
 
 def _without_busy_handler(conn: sqlite3.Connection, run: Callable[[], T]) -> T:

@@ -1,7 +1,8 @@
 """Session deletes on a live rLLM SQLite store, without costing the gateway a write.
 
 Every delete transaction is taken by :class:`gatewayscope._sqlite.locking.Writer`: ``BEGIN EXCLUSIVE``, only
-when no other process holds a lock on the file where that can be seen, by fine polling; after each commit
+when no other process holds a lock on the file where that can be seen (in WAL mode: only while no other process
+is in a read, and no read may begin until the commit), by fine polling; after each commit
 the gateway's waiting writer goes first (:attr:`SessionDeleter.pause`); when the lock stays out of reach for
 ``busy_timeout`` seconds the remaining deletes end ``unconfirmed`` (nothing of theirs was written). On top of
 that, a transaction is **short**: it re-checks and deletes sessions until ``TRANSACTION_SECONDS`` have passed,

@@ -1,8 +1,8 @@
 """``gatewayscope apply`` on the SQLite file of a running, loaded rLLM gateway loses none of its traces.
 
 It runs on both gateways (``gateway_flavor``): PyPI's 0.1.0 (DELETE journal mode) and upstream main (WAL mode,
-where it does lose traces today: an expected failure, see WAL_SNAPSHOT_REASON). The store is built with the
-flavour's own schema and pragmas.
+where the gateway's write from an open read fails at once if another process committed since that read began).
+The store is built with the flavour's own schema and pragmas.
 
 The REAL, unmodified ``rllm-model-gateway --store sqlite`` serves 8 writers (chat calls on their own live
 sessions) and 2 readers (``GET /sessions``, ``GET /sessions/{sid}/traces``) while ``gatewayscope apply``
@@ -272,23 +272,8 @@ def journal_events(path: Path) -> list[dict[str, Any]]:
 # -- the test -----------------------------------------------------------------------------------------------
 
 
-#: why apply's SQLite deletes lose the upstream gateway's own writes (see the report of issue 16)
-WAL_SNAPSHOT_REASON = (
-    "upstream main runs its store in WAL mode on ONE aiosqlite connection shared by reads and writes: a trace "
-    "write that comes while one of its reads (the load's GET /sessions, GET /sessions/{id}/traces) holds a read "
-    "transaction fails at once with SQLITE_BUSY ('database is locked', no busy wait) when another process "
-    "committed since that snapshot, and the trace is lost ('Failed to persist trace'). apply's SessionDeleter "
-    "takes its transactions through gatewayscope/_sqlite/locking.py's Writer, which in WAL mode uses no lock "
-    "table, and there BEGIN EXCLUSIVE does not wait for readers: it must not begin while another process holds "
-    "a WAL read lock (the read-mark bytes 123-127 of the -shm file). Measured: about 60% of the traces "
-    "answered during the apply lost; none with READERS = 0")
-
-
 def test_apply_on_a_loaded_gateways_sqlite_file_loses_no_answered_trace(rllm_gateway: Any, gateway_flavor: Any,
-                                                                       request: pytest.FixtureRequest,
                                                                        tmp_path: Path) -> None:
-    if gateway_flavor.upstream:
-        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=WAL_SNAPSHOT_REASON))
     db = tmp_path / "gateway-traces.db"
     store: BuiltStore = build_store(db, sessions=STORE_SESSIONS, orphans=ORPHANS, now=time.time(),
                                     python=gateway_flavor.python)

@@ -141,25 +141,12 @@ GUARD_CYCLES = 12
 #: answered calls, and churn deletes, after each install and each uninstall
 CALLS_PER_PHASE, CHURN_PER_PHASE = 30, 2
 
-#: why the SQLite guard's writes lose the upstream gateway's own writes (see the report of issue 16)
-WAL_SNAPSHOT_REASON = (
-    "upstream main runs its store in WAL mode on ONE aiosqlite connection shared by reads and writes: when a "
-    "write comes while one of its reads (GET /sessions, GET /sessions/{id}/traces) holds a read transaction, a "
-    "commit from another process since that snapshot makes the write fail at once with SQLITE_BUSY ('database "
-    "is locked', no busy wait): the trace is lost ('Failed to persist trace') or DELETE /sessions answers 500. "
-    "gatewayscope's SQLite writes (guard install/uninstall here, apply's deletes too) go through "
-    "gatewayscope/_sqlite/locking.py's Writer, which in WAL mode uses no lock table, and there BEGIN EXCLUSIVE "
-    "does not wait for readers: it must not begin while another process holds a WAL read lock (the read-mark "
-    "bytes 123-127 of the -shm file)")
 
-
-def test_install_and_uninstall_under_load_lose_no_trace_of_a_live_session(rllm_gateway: Any, gateway_flavor: Any,
-                                                                        request: pytest.FixtureRequest) -> None:
+def test_install_and_uninstall_under_load_lose_no_trace_of_a_live_session(rllm_gateway: Any,
+                                                                        gateway_flavor: Any) -> None:
     """Writers, a churn of short sessions deleted as soon as their trace shows, and readers of the gateway's
     REST API (on the gateway's one SQLite connection, as a trainer and a dashboard read it), all along while
     the guard is installed (twice), kept, and uninstalled in the running gateway's file, GUARD_CYCLES times."""
-    if gateway_flavor.upstream:
-        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=WAL_SNAPSHOT_REASON))
     gw = rllm_gateway("sqlite")
     db = gw.db_path
     assert db is not None

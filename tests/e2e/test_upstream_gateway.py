@@ -15,8 +15,8 @@ the reason when ``make`` could not install it), on both stores.
   traces only in the -wal) and after a clean stop (no -wal, no -shm).
 * The exporter's orphan gauge follows the gateway's current weight version.
 
-What upstream's WAL mode breaks in gatewayscope's SQLite writers is shown where those writers are tested on both
-gateways (test_sqlite_guard_e2e.py, test_apply_under_load.py: expected failures on upstream).
+gatewayscope's SQLite writers on upstream's WAL file are tested under load where they are tested on both
+gateways (test_sqlite_guard_e2e.py, test_apply_under_load.py).
 """
 
 from __future__ import annotations
