@@ -635,11 +635,9 @@ def _after_send(settled: Settled, sends: int) -> Settled:
 
 def _session_state_http(ctx: _Context, action: Action) -> SessionState:
     """The session as the gateway holds it now: its traces and, on a guarded launcher, its tombstone."""
-    from gatewayscope.sources.rllm_http import session_path
-
     client = ctx.rllm(action.target)
     try:
-        body = client.request("GET", f"{session_path(action.subject)}/traces")
+        body = client.request("GET", f"{client.session_path(action.subject)}/traces")
     except NotFoundError:
         body = []
     if not isinstance(body, list):
@@ -672,8 +670,6 @@ def _session_state_http(ctx: _Context, action: Action) -> SessionState:
 def _delete_http(ctx: _Context, action: Action, state: SessionState) -> Settled | str:
     """Delete one session through the gateway: the guarded launcher's compare-and-delete where it has one
     (nothing can land between the check and the delete), else ``DELETE /sessions/{id}`` right after the read."""
-    from gatewayscope.sources.rllm_http import session_path
-
     client = ctx.rllm(action.target)
     if ctx.capability(action.target, "guard") and action.target not in ctx.no_conditional_delete:
         try:
@@ -688,7 +684,7 @@ def _delete_http(ctx: _Context, action: Action, state: SessionState) -> Settled 
             ctx.no_conditional_delete.add(action.target)  # an older launcher: the plain delete
         else:
             return f"deleted ({int(body.get('deleted', 0)) if isinstance(body, dict) else 0} trace(s))"
-    body = client.request("DELETE", session_path(action.subject))
+    body = client.request("DELETE", client.session_path(action.subject))
     return f"deleted ({int(body.get('deleted', 0)) if isinstance(body, dict) else 0} trace(s))"
 
 

@@ -39,6 +39,8 @@ from gatewayscope.sources._batches import batches
 from gatewayscope.sources._gcpause import gc_paused
 from gatewayscope.sources._http import HttpClient, path_segment
 
+#: a session id holding a ``/`` that no gateway holds: asks whether the gateway routes such ids
+PATH_ROUTE_PROBE = "gatewayscope-probe/path-route"
 #: session ids per ``POST /traces/query`` (and per guard check)
 QUERY_BATCH = 200
 CHECK_BATCH = 5000
@@ -59,6 +61,8 @@ class RllmClient(HttpClient):
                  max_connections: int = 16, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         super().__init__(base_url, timeout=timeout, transport=transport, max_connections=max_connections,
                          max_body_bytes=max_body_bytes)
+        self._path_routes: bool | None = None
+        self._path_routes_lock = threading.Lock()
 
     def request(self, method: str, path: str, *, json_body: Any = None, timeout: float | None = None,
                 raw: bool = False) -> Any:
@@ -82,6 +86,31 @@ class RllmClient(HttpClient):
             f"{response.request.method} {response.request.url} answered {response.status_code} with "
             f"something that is not JSON ({snippet!r}...); is this an rLLM gateway?"
         )
+
+    def routes_path_ids(self) -> bool:
+        """Whether the gateway routes ``/sessions/{session_id:path}`` (upstream main does, 0.1.0 does not), so
+        that a session id holding a ``/`` reaches its session.
+
+        Its OpenAPI document says ``/sessions/{session_id}`` either way, so the gateway is asked once (and the
+        answer kept): ``GET /sessions/{id}/traces`` for an id holding a ``/`` that no session has answers a list
+        where the route takes such ids, and 404 (no route) where it does not.
+        """
+        with self._path_routes_lock:
+            if self._path_routes is None:
+                try:
+                    body = self.request("GET", f"{session_path(PATH_ROUTE_PROBE, path_routes=True)}/traces")
+                except (HTTPStatusError, BadResponseError):
+                    body = None
+                self._path_routes = isinstance(body, list)
+            return self._path_routes
+
+    def session_path(self, session_id: str) -> str:
+        """:func:`session_path` on this gateway: an id holding a ``/`` is written out where the gateway routes
+        such ids (:meth:`routes_path_ids`), and refused with :class:`UnaddressableSessionError` where it does
+        not."""
+        if "/" not in session_id:
+            return session_path(session_id)
+        return session_path(session_id, path_routes=self.routes_path_ids())
 
     def openapi_paths(self) -> set[str]:
         """The routes the gateway declares (FastAPI's /openapi.json); empty if it does not say."""
@@ -336,24 +365,30 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
     )
 
 
-def session_path(session_id: str) -> str:
+def session_path(session_id: str, *, path_routes: bool = False) -> str:
     """The path of one session, the id escaped whole so no character of it can change the route.
 
     Every character but the unreserved ones is percent-escaped, and the dot segments ``.`` and ``..`` are
     written ``%2E`` and ``%2E%2E``: a URL keeps them (a bare ``.`` or ``..`` segment would be collapsed
     into the path around it) and the gateway decodes them back into the id.
 
-    Raises :class:`UnaddressableSessionError` for an id holding a ``/``: the gateway decodes ``%2F`` before
-    it routes, so such an id never reaches ``/sessions/{session_id}``; the sentence says to delete it from
-    the SQLite store instead.
+    An id holding a ``/`` is written with each ``/`` as ``%2F`` (and each part between them escaped as above)
+    for a gateway that routes ``/sessions/{session_id:path}`` (``path_routes``; see
+    :meth:`RllmClient.routes_path_ids`): it decodes ``%2F`` before it routes, and the route takes the whole
+    rest of the path. Without ``path_routes`` such an id raises :class:`UnaddressableSessionError`: the 0.1.0
+    gateway's ``/sessions/{session_id}`` never matches it, and the sentence says to delete it from the SQLite
+    store instead.
 
     >>> session_path("task a:1"), session_path(".."), session_path("%2F")
     ('/sessions/task%20a%3A1', '/sessions/%2E%2E', '/sessions/%252F')
+    >>> session_path("harbor/hello-world:0", path_routes=True), session_path("a/../b", path_routes=True)
+    ('/sessions/harbor%2Fhello-world%3A0', '/sessions/a%2F%2E%2E%2Fb')
     """
-    if "/" in session_id:
+    if "/" in session_id and not path_routes:
         raise UnaddressableSessionError(
-            f"Session {session_id!r} holds a '/', which the rLLM gateway's REST API cannot address: the gateway "
-            "decodes %2F back to '/' before it routes, so no /sessions/{session_id} request reaches this session. "
+            f"Session {session_id!r} holds a '/', which this rLLM gateway's REST API cannot address: the gateway "
+            "decodes %2F back to '/' before it routes, and its /sessions/{session_id} route takes one path segment "
+            "(upstream main's takes the rest of the path), so no request reaches this session. "
             "Delete it from the gateway's SQLite store directly: give the target's path (its SQLite file) "
             "instead of its url, then scan, plan and apply again.")
-    return f"/sessions/{path_segment(session_id)}"
+    return "/sessions/" + "%2F".join(path_segment(part) for part in session_id.split("/"))
