@@ -415,8 +415,9 @@ def _rllm_actions(found: TargetFindings, *, include_suspected: bool, tombstone_i
     # only ids proven deleted are tombstoned ahead: a suspected orphan may still be live, and a tombstone
     # would drop its next write even when its delete then ends stale. Every delete on a guarded store
     # records its own tombstone atomically (the guard's trigger, or the guarded launcher's delete).
+    # An id that already carries a tombstone needs none: the backfill would be a no-op reported as done.
     proven = chosen.filter(pl.col("confidence") == "confirmed")["session_id"].to_list()
-    backfill_ids = sorted(set(proven) | set(tombstone_ids))
+    backfill_ids = sorted((set(proven) | set(tombstone_ids)) - tombstoned)
     if backfill_ids and guarded:
         actions.append(Action(
             id="", kind="tombstone_backfill", target=snap.name, subject="tombstones",

@@ -287,12 +287,25 @@ def test_tombstones_are_planned_before_the_deletes_on_a_guarded_store() -> None:
     assert kinds == ["tombstone_backfill", "session_delete", "session_delete"]
     backfill = plan.actions[0]
     assert backfill.subject == "tombstones"
-    # the ids proven deleted (a confirmed orphan) and the ids asked for; not the suspected orphan, which may
-    # be live: its delete records its tombstone itself, atomically
-    assert backfill.after == {"session_ids": ["confirmed:0", "gone:7"]}
+    # the ids asked for; not the confirmed orphan, whose tombstone is there already, nor the suspected orphan,
+    # which may be live: its delete records its tombstone itself, atomically
+    assert backfill.after == {"session_ids": ["gone:7"]}
     assert backfill.before == {"tombstones": 7}
     assert not backfill.destructive
     assert not any("no tombstone guard" in w for w in plan.warnings)
+
+
+def test_orphans_proven_by_an_earlier_delete_are_backfilled_and_tombstoned_ones_are_not() -> None:
+    """A tombstoned orphan already has what a backfill would write (the action would end 'already-done');
+    an orphan confirmed by an earlier delete has no tombstone yet and gets one before its delete."""
+    sessions = [("confirmed:0", 1, OLD), ("back:0", 1, FRESH)]
+    plan = plan_of(snapshot(rllm_target(sessions, tombstoned=("confirmed:0",), guard=GUARD)),
+                   deleted_ids={"back:0"})
+    assert [(a.kind, a.subject, a.after.get("session_ids")) for a in plan.actions] == [
+        ("tombstone_backfill", "tombstones", ["back:0"]),
+        ("session_delete", "back:0", None), ("session_delete", "confirmed:0", None)]
+    only_tombstoned = plan_of(snapshot(rllm_target(sessions[:1], tombstoned=("confirmed:0",), guard=GUARD)))
+    assert [a.kind for a in only_tombstoned.actions] == ["session_delete"]
 
 
 def test_tombstone_ids_alone_make_a_backfill_and_no_delete() -> None:
@@ -362,7 +375,7 @@ def test_plan_id_is_the_hash_of_its_content(tmp_path: Path) -> None:
     lambda d: d.update(warnings=[]),
 ])
 def test_load_plan_refuses_an_edited_plan(tmp_path: Path, edit: Any) -> None:
-    path = plan_of(mixed_snapshot(), include_deletes=True).save(tmp_path / "plan.json")
+    path = plan_of(mixed_snapshot(), include_deletes=True, tombstone_ids=["gone:7"]).save(tmp_path / "plan.json")
     data = json.loads(path.read_text())
     edit(data)
     path.write_text(json.dumps(data))
@@ -386,7 +399,7 @@ def test_load_plan_refuses_other_schemas_and_non_plans(tmp_path: Path) -> None:
 
 def test_only_keeps_the_chosen_kinds() -> None:
     snap = mixed_snapshot()
-    everything = plan_of(snap, include_deletes=True, include_suspected=True)
+    everything = plan_of(snap, include_deletes=True, include_suspected=True, tombstone_ids=["gone:7"])
     assert {a.kind for a in everything.actions} == set(ACTION_KINDS)
     only = plan_of(snap, include_deletes=True, include_suspected=True, only=("pool_shrink", "posture_fix"))
     assert [a.kind for a in only.actions] == ["posture_fix", "pool_shrink"]
