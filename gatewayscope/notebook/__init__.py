@@ -16,10 +16,14 @@ from gatewayscope.notebook.controllers import (
     ConfirmationError,
     PlanController,
     Progress,
+    RunRecord,
     ScanController,
     diff_rows,
     render_table,
+    run_directory,
 )
+from gatewayscope.notebook.lab import write_lab_config
+from gatewayscope.notebook.wording import notebook_words
 
 if TYPE_CHECKING:
     from gatewayscope.notebook.widgets import PlanReview, SnapshotView
@@ -29,10 +33,14 @@ __all__ = [
     "PlanController",
     "PlanReview",
     "Progress",
+    "RunRecord",
     "ScanController",
     "SnapshotView",
     "diff_rows",
+    "notebook_words",
     "render_table",
+    "run_directory",
+    "write_lab_config",
 ]
 
 #: the names that need ipywidgets, loaded on first use

@@ -18,7 +18,9 @@ Nothing here imports ipywidgets: the views live in :mod:`gatewayscope.notebook.w
 from __future__ import annotations
 
 import datetime as dt
+import html
 import json
+import os
 import threading
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -30,11 +32,12 @@ import polars as pl
 from gatewayscope.analysis.findings import Findings, findings
 from gatewayscope.config import Config, Policy, Target, build_config, is_remote_address
 from gatewayscope.errors import ConfigError, GatewayscopeError, PlanError
+from gatewayscope.notebook.wording import notebook_words
 from gatewayscope.remediate.apply import ActionResult, ApplyOptions, ApplyReport, apply_plan
 from gatewayscope.remediate.journal import FINAL_OUTCOMES, Journal
 from gatewayscope.remediate.plan import ACTION_KINDS, Action, Plan, build_plan, load_plan, plan_summary
 from gatewayscope.remediate.review import before_after, render_plan
-from gatewayscope.render import human_bytes, human_seconds, render
+from gatewayscope.render import human_bytes, human_seconds, render, terminal_safe
 from gatewayscope.scan import scan_report, take_snapshot
 from gatewayscope.snapshot import Snapshot
 
@@ -44,6 +47,36 @@ SECTIONS = ("targets", "leak", "pools", "boot", "posture")
 MIN_CONFIRMATION_CHARS = 8
 #: rows an HTML table shows before saying how many more there are
 DEFAULT_MAX_ROWS = 200
+#: the config file used when none is given (the same variable the command line reads)
+CONFIG_ENV = "GATEWAYSCOPE_CONFIG"
+#: where a notebook's files go when no run_dir is given: one folder per run, under the working directory
+RUNS_FOLDER = "gatewayscope-runs"
+#: actions the review shows at once; the pages and the filters reach the rest
+DEFAULT_PAGE_SIZE = 20
+#: action rows one run's record lists before saying how many more there are
+RECORD_MAX_ROWS = 200
+
+
+def run_directory(run_dir: str | Path | None = None, *, now: dt.datetime | None = None) -> Path:
+    """The folder a notebook run writes its files to (snapshot export, ``plan-<id>.json``, the journal).
+
+    ``run_dir`` when given; otherwise ``./gatewayscope-runs/<UTC timestamp>/`` (under the working
+    directory, which ``.gitignore`` ignores wherever it is). Not created here: what writes there creates it.
+
+    >>> run_directory(now=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)).as_posix()
+    'gatewayscope-runs/20260102T030405Z'
+    >>> run_directory("runs/today").as_posix()
+    'runs/today'
+    """
+    if run_dir is not None and str(run_dir).strip():
+        return Path(str(run_dir).strip())
+    when = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
+    return Path(RUNS_FOLDER) / when.strftime("%Y%m%dT%H%M%SZ")
+
+
+def _escape(value: Any) -> str:
+    """Any text for hand-built HTML: markup escaped, control and bidi characters shown as escapes."""
+    return html.escape(terminal_safe(str(value)))
 
 
 class ConfirmationError(PlanError):
@@ -124,13 +157,15 @@ class ScanController:
                     bifrost_urls: Sequence[str] = ()) -> Config:
         """Point the controller at other targets (validated now: a wrong file raises ConfigError).
 
-        Forgets the previous snapshot.
+        Forgets the previous snapshot. With no ``config_path`` (an empty config box), the file named by
+        ``$GATEWAYSCOPE_CONFIG`` is used when the variable is set, as the command line does.
         """
-        path = str(config_path) if config_path else ""
+        path = str(config_path).strip() if config_path else ""
         stores = [s.strip() for s in trace_stores if s and s.strip()]
         bifrosts = [s.strip() for s in bifrost_urls if s and s.strip()]
-        if path or stores or bifrosts:
-            config = build_config(path or None, trace_stores=stores, bifrost_urls=bifrosts,
+        effective = path or self.env_config_path()
+        if effective or stores or bifrosts:
+            config = build_config(effective or None, trace_stores=stores, bifrost_urls=bifrosts,
                                   orphan_idle_seconds=self.orphan_idle_seconds)
         else:  # nothing yet: the target picker asks for it, scan() says so
             config = Config(targets=[], policy=Policy())
@@ -142,6 +177,16 @@ class ScanController:
         self._findings, self._report = None, None
         self._notify()
         return config
+
+    @staticmethod
+    def env_config_path() -> str:
+        """The config file ``$GATEWAYSCOPE_CONFIG`` names (empty when unset): used when no config_path is given."""
+        return os.environ.get(CONFIG_ENV, "").strip()
+
+    @property
+    def config_in_use(self) -> str:
+        """The config file the targets came from: the given one, else ``$GATEWAYSCOPE_CONFIG``'s (or empty)."""
+        return self.config.source or ""
 
     @property
     def target_names(self) -> list[str]:
@@ -347,6 +392,50 @@ class Progress:
     running: bool = False
 
 
+@dataclass
+class RunRecord:
+    """One dry run or apply, as the notebook keeps it for its record (:meth:`PlanController.record_html`)."""
+
+    dry_run: bool
+    plan_id: str
+    parent_plan_id: str
+    at: str
+    results: list[ActionResult]
+    resumed: int
+    tally_line: str
+    journal: str = ""
+    plan_file: str = ""
+    already_applied: bool = False
+    stopped_early: str = ""
+
+    def html(self, *, max_rows: int = RECORD_MAX_ROWS) -> str:
+        """This run as static HTML (every value escaped): what ran on which plan, the tally line, the journal."""
+        what = "Dry run" if self.dry_run else "Apply"
+        head = f"<b>{what}</b> of plan <code>{_escape(self.plan_id)}</code> at {_escape(self.at)}"
+        if self.parent_plan_id and self.parent_plan_id != self.plan_id:
+            head += f" (a selection of plan <code>{_escape(self.parent_plan_id)}</code>)"
+        lines = [f"<p>{head}</p>", f'<p class="tally"><code>{_escape(self.tally_line)}</code></p>']
+        if self.already_applied:
+            lines.append("<p>This plan was already applied (see the journal); nothing was sent.</p>")
+        if self.resumed:
+            lines.append(f"<p>Resumed: {self.resumed} action(s) were settled by an earlier run.</p>")
+        if self.stopped_early:
+            lines.append(f"<p>{_escape(self.stopped_early)}.</p>")
+        if self.results:
+            rows = "".join(f"<tr><td>{_escape(r.action_id)}</td><td>{_escape(r.kind)}</td><td>{_escape(r.target)}"
+                           f"</td><td><code>{_escape(r.subject)}</code></td><td>{_escape(r.outcome)}</td></tr>"
+                           for r in self.results[:max_rows])
+            lines.append("<table><tr><th>action</th><th>kind</th><th>target</th><th>subject</th><th>outcome</th>"
+                         f"</tr>{rows}</table>")
+            if len(self.results) > max_rows:
+                lines.append(f"<p>... and {len(self.results) - max_rows} more (see the journal).</p>")
+        if self.journal:
+            lines.append(f"<p>Journal: <code>{_escape(self.journal)}</code></p>")
+        if self.plan_file:
+            lines.append(f"<p>Plan file: <code>{_escape(self.plan_file)}</code></p>")
+        return "".join(lines)
+
+
 def _format_value(value: Any) -> str:
     if value is None:
         return "-"
@@ -390,11 +479,13 @@ class PlanController:
     ``scan`` supplies the snapshot and the config (targets and credentials). ``journal_path`` is the
     append-only journal a real apply writes (required for one). ``apply_options`` sets concurrency, rate,
     max errors (``yes`` and ``allow_delete`` are decided by :meth:`apply` from the confirmations).
+    ``page_size`` is how many actions a page of the review shows.
     """
 
     def __init__(self, scan: ScanController, *, journal_path: str | Path | None = None,
                  include_suspected: bool = False, include_deletes: bool = False, only: Collection[str] = (),
-                 tombstone_ids: Collection[str] = (), apply_options: ApplyOptions | None = None) -> None:
+                 tombstone_ids: Collection[str] = (), apply_options: ApplyOptions | None = None,
+                 page_size: int = DEFAULT_PAGE_SIZE) -> None:
         self.scan = scan
         self.journal_path: Path | None = Path(journal_path) if journal_path else None
         self.include_suspected = include_suspected
@@ -402,6 +493,10 @@ class PlanController:
         self.only: tuple[str, ...] = tuple(only)
         self.tombstone_ids: list[str] = list(tombstone_ids)
         self.apply_options = apply_options or ApplyOptions()
+        self.page_size = max(1, int(page_size))
+        self.page = 0
+        #: every dry run and apply of this controller, oldest first: the notebook's record
+        self.runs: list[RunRecord] = []
         self.plan: Plan | None = None
         self.plan_source: str = ""
         self.kind_filter: set[str] = set()
@@ -411,6 +506,8 @@ class PlanController:
         self.applied_plan: Plan | None = None
         self.applied_plan_path: Path | None = None
         self._selected: set[str] = set()
+        #: the snapshot an apply wrote after: what it read is no longer what the targets hold
+        self._written_after: Snapshot | None = None
         self._listeners: list[Callable[[PlanController], None]] = []
         self._progress_listeners: list[Callable[[Progress], None]] = []
         self._lock = threading.Lock()
@@ -434,7 +531,8 @@ class PlanController:
 
     def build(self, *, include_suspected: bool | None = None, include_deletes: bool | None = None,
               only: Collection[str] | None = None, rescan: bool = False) -> Plan:
-        """Build the plan from the scan controller's snapshot (scanning first if there is none, or ``rescan``).
+        """Build the plan from the scan controller's snapshot (scanning first if there is none, if an apply
+        ran since it was taken, or ``rescan``).
 
         Every action starts selected; the filters are cleared.
         """
@@ -444,7 +542,7 @@ class PlanController:
             self.include_deletes = include_deletes
         if only is not None:
             self.only = tuple(only)
-        if rescan or self.scan.snapshot is None:
+        if rescan or self.scan.snapshot is None or self.scan.snapshot is self._written_after:
             self.scan.scan()
         plan = build_plan(self.scan.findings(), only=self.only, include_suspected=self.include_suspected,
                           include_deletes=self.include_deletes, tombstone_ids=self.tombstone_ids)
@@ -464,6 +562,7 @@ class PlanController:
             self.plan_source = source
             self._selected = {a.id for a in plan.actions}
             self.kind_filter, self.target_filter = set(), set()
+            self.page = 0
             self.last_report = None
             self.progress = Progress(total=len(plan.actions))
         self._notify()
@@ -545,6 +644,7 @@ class PlanController:
                             f"choose from {', '.join(ACTION_KINDS)}.")
         self.kind_filter = kinds_set
         self.target_filter = set(targets or ())
+        self.page = 0
         self._notify()
 
     def visible_actions(self) -> list[Action]:
@@ -552,6 +652,30 @@ class PlanController:
         return [a for a in self.actions
                 if (not self.kind_filter or a.kind in self.kind_filter)
                 and (not self.target_filter or a.target in self.target_filter)]
+
+    # -- pages ---------------------------------------------------------------------------------
+
+    @property
+    def page_count(self) -> int:
+        """Pages of the actions the filters show (at least 1)."""
+        return max(1, -(-len(self.visible_actions()) // self.page_size))
+
+    def page_actions(self) -> list[Action]:
+        """The actions of the current page (at most ``page_size``), in plan order."""
+        visible = self.visible_actions()
+        self.page = min(self.page, self.page_count - 1)
+        return visible[self.page * self.page_size:(self.page + 1) * self.page_size]
+
+    def set_page(self, page: int) -> None:
+        """Show page ``page`` (0-based; clamped to the pages there are)."""
+        self.page = min(max(0, int(page)), self.page_count - 1)
+        self._notify()
+
+    def next_page(self) -> None:
+        self.set_page(self.page + 1)
+
+    def previous_page(self) -> None:
+        self.set_page(self.page - 1)
 
     def select_visible(self) -> None:
         """Select every action the filters show."""
@@ -621,8 +745,10 @@ class PlanController:
         return pl.DataFrame(self.diff(), schema=schema)
 
     def plan_html(self) -> str:
-        """The selected plan through plan.html.j2 (what ``gatewayscope show --format html`` prints)."""
-        return render_plan(self.selected_plan(), "html")
+        """The selected plan through plan.html.j2 (what ``gatewayscope show --format html`` prints), its warnings
+        worded for the notebook (the widgets and parameters, not the CLI flags)."""
+        plan = self.selected_plan()
+        return render_plan(replace(plan, warnings=[notebook_words(w) for w in plan.warnings]), "html")
 
     def plan_text(self) -> str:
         """The selected plan through plan.txt.j2 (what ``gatewayscope show`` prints)."""
@@ -716,6 +842,14 @@ class PlanController:
         for callback in list(self._progress_listeners):
             callback(replace(self.progress))
         self.last_report = report
+        parent = self.plan.id if self.plan is not None else plan.id
+        self.runs.append(RunRecord(
+            dry_run=report.dry_run, plan_id=plan.id, parent_plan_id=parent,
+            at=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"), results=list(report.results),
+            resumed=len(report.previous), tally_line=self.tally_line(),
+            journal=str(self.journal_path) if (journal is not None and not report.dry_run) else "",
+            plan_file=str(self.applied_plan_path) if (self.applied_plan_path and not report.dry_run) else "",
+            already_applied=report.already_applied, stopped_early=report.stopped_early or ""))
         self._notify()
         return report
 
@@ -752,6 +886,7 @@ class PlanController:
                            actions=[a.id for a in plan.actions], plan_file=str(self.applied_plan_path))
         self.applied_plan = plan
         options = replace(self.apply_options, write=True, allow_delete=allow_delete)
+        self._written_after = self.scan.snapshot
         return self._run(plan, options, journal, on_result)
 
     # -- outcome ---------------------------------------------------------------------------------
@@ -765,8 +900,10 @@ class PlanController:
         if self.last_report is None:
             return ""
         if self.last_report.dry_run:
-            return "Dry run, nothing was sent: " + ", ".join(
-                f"{n} {k}" for k, n in sorted(self._dry_counts(self.last_report).items())) + "."
+            counts = self._dry_counts(self.last_report)
+            if not counts:
+                return "Dry run: no action selected, nothing to do."
+            return "Dry run, nothing was sent: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + "."
         return self.last_report.tally_line()
 
     @staticmethod
@@ -786,6 +923,18 @@ class PlanController:
                       more=max(0, len(results) - max_rows),
                       dry_counts=self._dry_counts(report) if report.dry_run else {},
                       journal=str(self.journal_path) if (self.journal_path and not report.dry_run) else "")
+
+    def record_html(self, *, max_rows: int = RECORD_MAX_ROWS) -> str:
+        """Every dry run and apply of this controller, oldest first, as static HTML: the notebook's record.
+
+        A plain ``text/html`` output (no widget, no script), so the saved notebook and its HTML export show
+        what was done with or without widget state; every value (ids, subjects, paths) is escaped.
+        """
+        body = "".join(f"<li>{run.html(max_rows=max_rows)}</li>" for run in self.runs)
+        if not body:
+            body = "<li>Nothing run yet: no dry run, no apply.</li>"
+        return ('<div class="gatewayscope gatewayscope-record" style="font-family:sans-serif;font-size:13px">'
+                f"<h4>Record of this notebook's runs</h4><ol>{body}</ol></div>")
 
     def journal_rows(self, *, plan_id: str | None = None,
                      events: Collection[str] | None = None) -> list[dict[str, Any]]:
