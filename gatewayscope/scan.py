@@ -30,13 +30,16 @@ MAX_PARALLEL_TARGETS = 16
 
 
 def read_target(target: Target, policy: Policy, *, now: float, transport: Any = None,
-                fingerprints: bool = True, known_traces: KnownTraces | None = None) -> TargetSnapshot:
+                fingerprints: bool = True, known_traces: KnownTraces | None = None,
+                also_sessions: Collection[str] = ()) -> TargetSnapshot:
     """Read one target; every failure is caught and described on the returned TargetSnapshot.
 
     ``fingerprints=False``: a Bifrost target's records are read without their plan fingerprints (a
     report or the exporter has no use for them; a plan made from such a read is refused).
     ``known_traces``: an rLLM gateway's candidate traces kept from the last read of the same target
-    (see :class:`gatewayscope.sources.rllm_http.KnownTraces`).
+    (see :class:`gatewayscope.sources.rllm_http.KnownTraces`). ``also_sessions``: ids the findings will be given
+    as deleted before; a read from a guard's orphan index includes those of them that exist, so such a session
+    is judged as by a full read.
     """
     started = time.time()
     clock = time.perf_counter()
@@ -44,15 +47,16 @@ def read_target(target: Target, policy: Policy, *, now: float, transport: Any = 
                           started_at=started, duration_seconds=0.0)
     try:
         if target.kind == "rllm" and not target.is_remote:
-            from gatewayscope.guard.sqlite import read_for_scan
+            from gatewayscope.guard.sqlite import read_for_scan, read_index_for_scan
             from gatewayscope.sources.rllm_sqlite import read_trace_store_sqlite
 
-            snap.trace_store = read_trace_store_sqlite(target, policy, now=now, guard_reader=read_for_scan)
+            snap.trace_store = read_trace_store_sqlite(target, policy, now=now, guard_reader=read_for_scan,
+                                                       index_reader=read_index_for_scan, also=also_sessions)
         elif target.kind == "rllm":
             from gatewayscope.sources.rllm_http import read_trace_store_http
 
             snap.trace_store = read_trace_store_http(target, policy, now=now, transport=transport,
-                                                     known=known_traces)
+                                                     known=known_traces, also=also_sessions)
         else:
             from gatewayscope.sources.bifrost import read_bifrost
 
@@ -75,13 +79,15 @@ def take_snapshot(
     transports: dict[str, Any] | None = None,
     on_target_done: Callable[[TargetSnapshot], None] | None = None,
     fingerprints: bool = True,
+    also_sessions: Collection[str] = (),
 ) -> Snapshot:
     """Read every target of ``config`` concurrently. ``transports`` maps a target name to an httpx transport.
 
     ``now`` (epoch seconds, default the wall clock) is the snapshot's ``taken_at``: every idle age is
     measured from it. ``on_target_done`` is called with each target's read as it completes.
     ``fingerprints=False`` is for reads that only report (see :func:`read_target`): such a snapshot
-    cannot be planned from. A target that cannot be read is ``up=False`` with the sentence why:
+    cannot be planned from. ``also_sessions``: the ids the findings will be given as deleted before (see
+    :func:`read_target`). A target that cannot be read is ``up=False`` with the sentence why:
 
     >>> from gatewayscope.config import Config, Policy, Target
     >>> config = Config(targets=[Target(name="gone", kind="rllm", path="/nonexistent/traces.db")], policy=Policy())
@@ -95,7 +101,7 @@ def take_snapshot(
 
     def work(target: Target) -> TargetSnapshot:
         snap = read_target(target, config.policy, now=taken_at, transport=transports.get(target.name),
-                           fingerprints=fingerprints)
+                           fingerprints=fingerprints, also_sessions=also_sessions)
         if on_target_done:
             on_target_done(snap)
         return snap

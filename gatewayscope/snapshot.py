@@ -89,6 +89,22 @@ class TraceStoreData:
     capabilities: dict[str, bool] = field(default_factory=dict)
     #: "rest" or "sqlite"
     access: str = "rest"
+    #: the store's session and trace totals when ``sessions`` holds only the candidate sessions (read from the
+    #: guard's orphan index); None when ``sessions`` lists every session
+    session_total: int | None = None
+    trace_total: int | None = None
+
+    @property
+    def session_count(self) -> int:
+        """The number of sessions in the store."""
+        return self.sessions.height if self.session_total is None else self.session_total
+
+    @property
+    def trace_count(self) -> int:
+        """The number of traces in the store (its sessions' trace counts summed)."""
+        if self.trace_total is not None:
+            return self.trace_total
+        return int(self.sessions["trace_count"].sum() or 0) if self.sessions.height else 0
 
 
 @dataclass
@@ -164,6 +180,8 @@ class Snapshot:
                     "capabilities": data.capabilities,
                     "access": data.access,
                 }
+                if data.session_total is not None:  # only for index reads: other manifests keep their bytes
+                    entry["trace_store"].update(session_total=data.session_total, trace_total=data.trace_total)
             if snap.bifrost is not None:
                 bif = snap.bifrost
                 prefix = f"t{index}"
@@ -212,6 +230,8 @@ class Snapshot:
                     guard=GuardStats(**guard) if guard else None,
                     capabilities=dict(ts_entry.get("capabilities") or {}),
                     access=ts_entry.get("access", "rest"),
+                    session_total=ts_entry.get("session_total"),
+                    trace_total=ts_entry.get("trace_total"),
                 )
             if bif_entry:
                 snap.bifrost = BifrostData(

@@ -133,8 +133,8 @@ def trace_store_summary(data: TraceStoreData, orphans: pl.DataFrame, now: float,
     lags = orphans["weight_lag"].drop_nulls()
     groups = orphans_by_task(orphans) if by_task is None else by_task
     summary: dict[str, Any] = {
-        "sessions": data.sessions.height,
-        "traces": int(data.sessions["trace_count"].sum()) if data.sessions.height else 0,
+        "sessions": data.session_count,
+        "traces": data.trace_count,
         "orphans": {"confirmed": confirmed, "suspected": orphans.height - confirmed},
         "oldest_orphan_age_seconds": round(oldest_age, 3) if oldest_age is not None else None,
         "current_weight_version": data.current_weight_version,
@@ -155,5 +155,6 @@ def trace_store_summary(data: TraceStoreData, orphans: pl.DataFrame, now: float,
             "evicted": data.guard.evicted,
             "triggers_intact": data.guard.triggers_intact,
             "top_droppers": data.guard.top_droppers[:5],
+            "index": data.guard.index,
         }
     return summary

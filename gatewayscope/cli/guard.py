@@ -174,7 +174,17 @@ def _no_action(parser: argparse.ArgumentParser) -> int:
 
 
 def run_install(args: argparse.Namespace) -> int:
-    result = sqlite_guard.install(args.path, capacity=args.capacity, busy_timeout=args.busy_timeout)
+    from tqdm import tqdm
+
+    # the orphan index's fill, a page of sessions at a time; the bar shows only on a terminal (disable=None)
+    with tqdm(total=0, desc="orphan index", unit="row", unit_scale=True, file=sys.stderr, disable=None,
+              leave=False) as bar:
+        def progress(done: int, estimate: int) -> None:
+            bar.total = estimate
+            bar.update(done - bar.n)
+
+        result = sqlite_guard.install(args.path, capacity=args.capacity, busy_timeout=args.busy_timeout,
+                                      progress=progress)
     print(result.message)
     return EXIT_OK
 
@@ -245,6 +255,17 @@ def _capacity(capacity: int) -> str:
     return "unlimited" if capacity == 0 else f"{capacity:,}"
 
 
+#: the orphan index's states in ``guard status``
+_INDEX_STATES = {
+    "ready": "ready (scans read only the candidate sessions)",
+    "building": ("building: its fill did not complete, so scans read every session; complete it with: "
+                 "gatewayscope guard install {target}"),
+    "damaged": "damaged: scans read every session; rebuild it with: gatewayscope guard install {target}",
+    "absent": ("absent (a guard installed by an older gatewayscope): scans read every session; add it with: "
+               "gatewayscope guard install {target}"),
+}
+
+
 def format_status(status: sqlite_guard.GuardStatus) -> str:
     """The text view of ``guard status`` for a SQLite file."""
     lines: list[str] = []
@@ -261,6 +282,7 @@ def format_status(status: sqlite_guard.GuardStatus) -> str:
     lines.append(f"  dropped writes  {status.dropped_writes:,} (from {status.sessions_with_drops:,} {sessions})")
     lines.append(f"  evicted         {status.evicted:,}")
     lines.append(f"  journal mode    {status.journal_mode}")
+    lines.append(f"  orphan index    {_INDEX_STATES.get(status.index, status.index).format(target=status.path)}")
     if not status.triggers_intact:
         problems = []
         if status.missing:

@@ -96,7 +96,7 @@ def run_plan(args: argparse.Namespace) -> int:
     deleted: dict[str, str] = {}  # id -> the journal that recorded its delete (apply re-checks it there)
     for path in args.deleted_from:
         deleted.update(dict.fromkeys(deleted_session_ids(Journal(path)), str(Path(path).resolve())))
-    snapshot = take_snapshot(config)
+    snapshot = take_snapshot(config, also_sessions=deleted)
     found = findings(snapshot, config, deleted_ids=deleted)
     plan = build_plan(found, only=args.only or (), include_suspected=args.include_suspected,
                       include_deletes=args.include_deletes, tombstone_ids=tombstone_ids)

@@ -20,3 +20,7 @@ class GuardStats:
     enabled: bool = True
     triggers_intact: bool | None = None  # SQLite only
     top_droppers: list[dict[str, Any]] = field(default_factory=list)  # [{"session_id", "dropped"}]
+    #: the guard's orphan index: "ready" (scans read only the candidates from it), "building" (SQLite: the fill
+    #: at install has not completed), "damaged" (SQLite: re-run install), "absent" (a guard without one: an
+    #: older gatewayscope's, or a launcher over a store it did not start empty); None when not known
+    index: str | None = None

@@ -13,6 +13,8 @@ What it adds to the gateway's API:
   session and re-creates the same uid); a bare trace write never does;
 * ``GET /guard/status``, ``POST /guard/tombstones`` (backfill), ``POST /guard/tombstones/check``,
   ``DELETE /guard/tombstones/{session_id}``;
+* with ``--store memory``, ``POST /guard/index``: the orphan index the guard keeps in process (the store's
+  totals and, a page at a time, the sessions a scan reads), so a scan does not list every session;
 * ``GET /metrics`` with the guard's figures (``gatewayscope_guard_*``), from a private registry.
 
 With ``--store sqlite`` the guard works the same way, but its tombstones live in this process's memory
@@ -26,6 +28,7 @@ imports the rLLM gateway (or FastAPI) until an app is built, so the CLI works wi
 from __future__ import annotations
 
 import argparse
+import bisect
 import functools
 import inspect
 import json
@@ -225,7 +228,7 @@ def guard_registry(guard: GuardedTraceStore) -> CollectorRegistry:
 
 
 def status_payload(guard: GuardedTraceStore) -> dict[str, Any]:
-    """The body of ``GET /guard/status``."""
+    """The body of ``GET /guard/status``; ``index`` is "ready" when ``POST /guard/index`` answers."""
     stats = guard.stats()
     return {
         "enabled": stats.enabled,
@@ -235,6 +238,72 @@ def status_payload(guard: GuardedTraceStore) -> dict[str, Any]:
         "evicted": stats.evicted,
         "top_droppers": [{"session_id": str(d["session_id"]), "dropped": int(d["dropped"])}
                          for d in stats.top_droppers],
+        "index": stats.index,
+    }
+
+
+#: most candidate sessions one ``POST /guard/index`` answer holds (the default and the cap of ``limit``)
+INDEX_PAGE = 10_000
+#: most ``session_ids`` one ``POST /guard/index`` request may name
+INDEX_MAX_IDS = 100_000
+
+_INDEX_SHAPE = ('{"idle_before": <epoch seconds> | null, "after": "<session id>" | null, "limit": <1..'
+                f'{INDEX_PAGE}>, "session_ids": ["<session id>", ...]}}')
+
+
+def parse_index_request(raw: bytes) -> tuple[float | None, str | None, int, list[str]]:
+    """``(idle_before, after, limit, session_ids)`` of a ``POST /guard/index`` body, or ValueError with a message
+    for the client. Every key is optional; other keys are ignored (the gateway's middleware adds some).
+
+    >>> parse_index_request(b'{"idle_before": 100.5, "after": "a:0", "limit": 2}')
+    (100.5, 'a:0', 2, [])
+    """
+    try:
+        body = json.loads(raw) if raw else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"the body must be JSON of the shape {_INDEX_SHAPE}") from None
+    if not isinstance(body, dict):
+        raise ValueError(f"the body must be a JSON object of the shape {_INDEX_SHAPE}")
+    idle_before, after = body.get("idle_before"), body.get("after")
+    limit, ids = body.get("limit", INDEX_PAGE), body.get("session_ids", [])
+    if idle_before is not None and (isinstance(idle_before, bool) or not isinstance(idle_before, (int, float))
+                                    or idle_before != idle_before):
+        raise ValueError("idle_before must be a number (epoch seconds) or null")
+    if after is not None and not isinstance(after, str):
+        raise ValueError("after must be a session id string or null")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= INDEX_PAGE:
+        raise ValueError(f"limit must be a whole number from 1 to {INDEX_PAGE}")
+    if not isinstance(ids, list) or len(ids) > INDEX_MAX_IDS or not all(isinstance(sid, str) for sid in ids):
+        raise ValueError(f"session_ids must be a list of at most {INDEX_MAX_IDS:,} session id strings")
+    return (float(idle_before) if idle_before is not None else None), after, limit, ids
+
+
+def index_payload(guard: GuardedTraceStore, sessions: Any, *, idle_before: float | None, after: str | None,
+                  limit: int, session_ids: list[str]) -> dict[str, Any]:
+    """The body of ``POST /guard/index``: the store's totals and one page of the candidate sessions.
+
+    ``{"sessions", "traces", "candidates": [{"session_id", "trace_count", "created_at"}], "tombstoned": [ids of
+    the page that carry a tombstone], "next": <the id to pass as after> | null}``: the candidates are the sessions
+    ``GET /sessions`` lists with one trace and ``created_at`` at or before ``idle_before`` (or null), the
+    tombstoned sessions, and those of ``session_ids``, in id order after ``after``; ``created_at`` is the
+    listing's (rLLM's session manager's record, else the first trace's time in the store).
+    """
+    index = guard.index
+    assert index is not None
+    created = getattr(sessions, "_created_at", None)  # rLLM's SessionManager: id -> its creation time
+    stamps = getattr(guard.inner, "_timestamps", None)  # rLLM's MemoryTraceStore: trace id -> its write time
+    rows = index.candidates(idle_before=idle_before, tombstones=guard.tombstones, also=session_ids,
+                            created=created if isinstance(created, dict) else None,
+                            stamps=stamps if isinstance(stamps, dict) else None)
+    start = 0 if after is None else bisect.bisect_right(rows, after, key=lambda row: row[0])
+    page = rows[start:start + limit]
+    more = start + limit < len(rows)
+    return {
+        "sessions": len(index.sessions),
+        "traces": index.traces,
+        "candidates": [{"session_id": sid, "trace_count": count, "created_at": when} for sid, count, when in page],
+        "tombstoned": guard.tombstoned_among(row[0] for row in page),
+        "next": page[-1][0] if more and page else None,
     }
 
 
@@ -343,12 +412,22 @@ def add_guard_routes(app: Any, guard: GuardedTraceStore) -> None:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         return StarletteResponse(encoder(registry), media_type=content_type)
 
+    async def index(request: Request) -> Response:
+        try:
+            idle_before, after, limit, ids = parse_index_request(await request.body())
+        except ValueError as err:
+            return error(400, str(err))
+        return JSONResponse(index_payload(guard, getattr(request.app.state, "sessions", None),
+                                          idle_before=idle_before, after=after, limit=limit, session_ids=ids))
+
     app.add_route("/guard/status", status, methods=["GET"])
     app.add_route("/guard/tombstones", add, methods=["POST"])
     app.add_route("/guard/tombstones/check", check, methods=["POST"])
     app.add_route("/guard/tombstones/{session_id:path}", lift, methods=["DELETE"])
     app.add_route("/guard/sessions/delete-if", delete_if, methods=["POST"])
     app.add_route("/metrics", metrics, methods=["GET"])
+    if guard.index is not None:
+        app.add_route("/guard/index", index, methods=["POST"])
 
 
 def build_app(
@@ -371,7 +450,9 @@ def build_app(
         config = GatewayConfig()
     inner = store if store is not None else create_store(config)
     _check_store_protocol(inner)
-    guard = GuardedTraceStore(inner, max_tombstones=max_tombstones, top_droppers=top_droppers)
+    # the orphan index is exact only from an empty store's first write: rLLM's memory store, made here
+    index = store is None and config.store_worker == "memory"
+    guard = GuardedTraceStore(inner, max_tombstones=max_tombstones, top_droppers=top_droppers, index=index)
     app = create_app(config, store=guard)
     sessions = getattr(app.state, "sessions", None)
     if sessions is None or not callable(getattr(sessions, "create_session", None)):

@@ -18,6 +18,11 @@ deleted session as a permanent one-trace orphan.
 * :meth:`GuardedTraceStore.lift` removes a tombstone: an explicit re-creation (``POST /sessions`` for
   a deleted id, which is how an rLLM retry reuses its uid). A bare trace write never lifts one.
 
+With ``index=True`` the guard also keeps the orphan index a scan reads instead of listing every session
+(:class:`SessionIndex`): per session its trace ids and first write time, the one-trace sessions, and the
+totals, updated by each write that lands and each delete. It is exact only for an inner store that starts
+empty (the launcher enables it for rLLM's memory store only).
+
 Every operation on the write path is O(1) (a dropped write costs well under a microsecond). Memory:
 about 170 bytes per tombstone for an rLLM uid (the 38-character id string plus its ordered-dict entry),
 so roughly 170 MB when the default cap is full. The guard is meant for one asyncio event loop (the
@@ -43,8 +48,9 @@ gateway's); its bookkeeping between awaits is atomic there, it is not thread-saf
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 from gatewayscope.guard.common import GuardStats
@@ -131,6 +137,96 @@ class _TopCounter:
         return ordered if n is None else ordered[:n]
 
 
+class SessionIndex:
+    """What a scan needs of every session, kept from the writes that land and the deletes (the orphan index).
+
+    Per session: its trace ids in write order (a trace id written again for the same session counts once, as
+    rLLM's memory store counts it) and the wall-clock time of its first write; the sessions with exactly one
+    trace, in the order they got it; and the totals. A write is one dict lookup and one list append (plus a
+    membership test over that session's trace ids), a delete one pop.
+    """
+
+    def __init__(self) -> None:
+        #: session id -> [its trace ids, the time of its first write]
+        self.sessions: dict[str, tuple[list[str], float]] = {}
+        #: the sessions with exactly one trace
+        self.singles: dict[str, None] = {}
+        #: the trace counts summed
+        self.traces = 0
+
+    def add(self, session_id: str, trace_id: str, at: float) -> None:
+        """A trace of ``session_id`` landed (written at or after ``at``)."""
+        entry = self.sessions.get(session_id)
+        if entry is None:
+            self.sessions[session_id] = ([trace_id], at)
+            self.singles[session_id] = None
+            self.traces += 1
+            return
+        ids = entry[0]
+        if trace_id in ids:
+            return
+        ids.append(trace_id)
+        self.traces += 1
+        if len(ids) == 2:
+            self.singles.pop(session_id, None)
+
+    def remove(self, session_id: str) -> None:
+        """``session_id`` was deleted with all its traces."""
+        entry = self.sessions.pop(session_id, None)
+        if entry is not None:
+            self.traces -= len(entry[0])
+            self.singles.pop(session_id, None)
+
+    def trace_count(self, session_id: str) -> int:
+        entry = self.sessions.get(session_id)
+        return 0 if entry is None else len(entry[0])
+
+    def first_at(self, session_id: str) -> float | None:
+        entry = self.sessions.get(session_id)
+        return None if entry is None else entry[1]
+
+    def created_at(self, session_id: str, created: Mapping[str, float], stamps: Mapping[str, float]) -> float | None:
+        """The session's creation time as the gateway's listing gives it: rLLM's session manager's record of the
+        id (``created``), else its first trace's time in the inner store (``stamps``: trace id -> time), else
+        the index's own time of its first write (at or before the store's)."""
+        when = created.get(session_id)
+        if when is not None:
+            return when
+        entry = self.sessions.get(session_id)
+        if entry is None:
+            return None
+        times = [stamps[t] for t in entry[0] if t in stamps]
+        return min(times) if times else entry[1]
+
+    def candidates(self, *, idle_before: float | None, tombstones: Collection[str], also: Iterable[str] = (),
+                   created: Mapping[str, float] | None = None,
+                   stamps: Mapping[str, float] | None = None) -> list[tuple[str, int, float | None]]:
+        """(session_id, trace_count, created_at) of the sessions a scan reads traces of, sorted by id: the
+        one-trace sessions created at or before ``idle_before`` (all of them when None), the sessions among
+        ``tombstones``, and those of ``also`` (see :meth:`created_at` for ``created`` and ``stamps``).
+
+        Costs the one-trace sessions plus the smaller of the tombstones and the sessions, in memory; no await,
+        so it is one consistent moment of the index.
+        """
+        sessions = self.sessions
+        created = created if created is not None else {}
+        stamps = stamps if stamps is not None else {}
+        rows: dict[str, float | None] = {}
+        for sid in self.singles:
+            when = self.created_at(sid, created, stamps)
+            if idle_before is None or when is None or when <= idle_before:
+                rows[sid] = when
+        if len(tombstones) < len(sessions):
+            more = [sid for sid in tombstones if sid in sessions]
+        else:
+            more = [sid for sid in sessions if sid in tombstones]
+        more.extend(sid for sid in also if sid in sessions)
+        for sid in more:
+            if sid not in rows:
+                rows[sid] = self.created_at(sid, created, stamps)
+        return [(sid, len(sessions[sid][0]), rows[sid]) for sid in sorted(rows)]
+
+
 class GuardedTraceStore:
     """A ``TraceStore`` that refuses to resurrect deleted sessions.
 
@@ -141,6 +237,8 @@ class GuardedTraceStore:
         inner: the store to wrap; every protocol method is delegated to it.
         max_tombstones: the FIFO cap on remembered deletions; ``0`` disables the guard entirely.
         top_droppers: how many sessions keep an exact dropped-write count (the worst offenders).
+        index: keep the orphan index (:attr:`index`); only for an inner store that starts empty, and only while
+            the guard is enabled.
     """
 
     def __init__(
@@ -149,6 +247,7 @@ class GuardedTraceStore:
         *,
         max_tombstones: int = DEFAULT_MAX_TOMBSTONES,
         top_droppers: int = DEFAULT_TOP_DROPPERS,
+        index: bool = False,
     ) -> None:
         if isinstance(max_tombstones, bool) or not isinstance(max_tombstones, int) or max_tombstones < 0:
             raise ValueError(f"max_tombstones must be a whole number >= 0 (0 disables the guard), "
@@ -168,6 +267,8 @@ class GuardedTraceStore:
         self._drained: dict[str, asyncio.Event] = {}
         # sessions under a compare-and-delete: their writes wait until it has decided
         self._gates: dict[str, asyncio.Event] = {}
+        #: the orphan index, or None when not kept
+        self.index: SessionIndex | None = SessionIndex() if index and max_tombstones > 0 else None
 
     # -- the guard's own API ----------------------------------------------------------------------
 
@@ -179,6 +280,11 @@ class GuardedTraceStore:
     def is_tombstoned(self, session_id: str) -> bool:
         """Whether writes for ``session_id`` are being dropped."""
         return session_id in self._tombstones
+
+    @property
+    def tombstones(self) -> Collection[str]:
+        """The tombstoned ids (a live view: read it without awaiting in between)."""
+        return self._tombstones.keys()
 
     def tombstoned_among(self, session_ids: Iterable[str]) -> list[str]:
         """The ids of ``session_ids`` that carry a tombstone, in the given order, without duplicates."""
@@ -221,6 +327,7 @@ class GuardedTraceStore:
             enabled=self.enabled,
             top_droppers=[{"session_id": sid, "dropped": n}
                           for sid, n in self._droppers.top(self.top_droppers)],
+            index="ready" if self.index is not None else "absent",
         )
 
     def _record(self, session_id: str, *, refresh: bool = False) -> None:
@@ -253,7 +360,13 @@ class GuardedTraceStore:
         inflight = self._inflight
         inflight[session_id] = inflight.get(session_id, 0) + 1
         try:
-            await self.inner.store_trace(trace_id, session_id, data)
+            index = self.index
+            if index is None:
+                await self.inner.store_trace(trace_id, session_id, data)
+            else:
+                at = time.time()  # at or before the inner store's own time for the write
+                await self.inner.store_trace(trace_id, session_id, data)
+                index.add(session_id, trace_id, at)
         finally:
             left = inflight[session_id] - 1
             if left:
@@ -279,7 +392,10 @@ class GuardedTraceStore:
             if waiter is None:
                 waiter = self._drained[session_id] = asyncio.Event()
             await waiter.wait()
-        return await self.inner.delete_session(session_id)
+        deleted = await self.inner.delete_session(session_id)
+        if self.index is not None:
+            self.index.remove(session_id)
+        return deleted
 
     async def delete_session_if(self, session_id: str, trace_ids: Iterable[str],
                                 tombstoned: bool) -> tuple[int | None, list[str], bool]:

@@ -2,7 +2,8 @@
 
 The unmodified ``rllm-model-gateway --store sqlite`` resurrects a deleted session when a straggling
 trace write lands after its ``DELETE /sessions/{id}``. This module adds two tables and five
-triggers to the gateway's database file, so the gateway itself, unchanged, drops those writes:
+triggers to the gateway's database file, so the gateway itself, unchanged, drops those writes (and the
+orphan index's two tables and three triggers, below):
 
 ``gatewayscope_tombstones``
     one row per deleted session id: ``session_id`` (primary key), ``deleted_at``, ``dropped_writes``,
@@ -31,9 +32,23 @@ trace_sessions``, one commit; it deletes a session's junction rows, then its uns
 * ``gatewayscope_tombstones_after_insert`` / ``gatewayscope_tombstones_after_delete``: keep the live count
   and evict the oldest tombstones beyond the capacity (FIFO, counted). Capacity 0 means unlimited.
 
+The orphan index (guard schema 2), so a scan reads only the candidate sessions:
+
+``gatewayscope_sessions``
+    per session: ``trace_count``, ``first_trace_at``, ``last_trace_at`` (the full read's GROUP BY of
+    ``trace_sessions``), with a partial index of the one-trace sessions by ``last_trace_at``.
+``gatewayscope_session_totals``
+    one row: the sessions in the index and their trace counts summed.
+
+``gatewayscope_index_on_insert`` / ``_on_delete`` / ``_on_update`` (on ``trace_sessions``) keep both: an insert
+is one totals update and one UPSERT by primary key; a delete drops the session's entry with its last row, or
+reads its first and last time again from the gateway's ``(session_id, created_at)`` index. ``install`` fills
+the index from the existing rows in short transactions after the triggers are in place, and marks it ready
+(``index_ready`` in ``gatewayscope_guard``) with the last one; :func:`read_index_for_scan` reads it only then.
+
 Cost per trace write: one primary-key lookup in the tombstone table per statement, plus one JSON parse
 of the trace's ``data`` (SQLite's C parser; the gateway's own ``json.dumps`` of the same data costs an
-order of magnitude more). Nothing scans a table per write.
+order of magnitude more), plus the index's two primary-key writes. Nothing scans a table per write.
 
 Every write here is a short ``BEGIN EXCLUSIVE`` transaction taken by :class:`gatewayscope._sqlite.locking.Writer`,
 so it can run while the gateway writes (the gateway's own busy timeout is 20 s); reads are plain autocommit
@@ -47,12 +62,12 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gatewayscope._sqlite.locking import Writer, WriterProbe, open_descriptors, retry_while_locked
+from gatewayscope._sqlite.locking import Transaction, Writer, WriterProbe, open_descriptors, retry_while_locked
 from gatewayscope._sqlite.open import open_store, store_error
 from gatewayscope._sqlite.schema import check_trace_store
 from gatewayscope._sqlite.statements import StatementWatch, fetch_all
@@ -61,7 +76,7 @@ from gatewayscope.guard.common import GuardStats
 from gatewayscope.sources._batches import batches
 
 #: version of the tables and triggers below; install refuses a file installed by a newer gatewayscope
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: default FIFO capacity of the tombstone table (the in-memory guard's ``max_tombstones`` default too)
 DEFAULT_CAPACITY = 1_000_000
 #: seconds a write here waits for the gateway's lock before giving up
@@ -75,8 +90,15 @@ WRITE_BATCH = 5_000
 #: tombstone ids per key range when the scan reads the tombstoned sessions
 TOMBSTONE_PAGE = 4000
 
+#: sessions per orphan-index fill transaction at install (each a few milliseconds of the write lock)
+INDEX_FILL_PAGE = 2_000
+
 TOMBSTONES_TABLE = "gatewayscope_tombstones"
 META_TABLE = "gatewayscope_guard"
+#: the orphan index: per session, its trace count and first and last trace time, kept by triggers
+INDEX_TABLE = "gatewayscope_sessions"
+#: one row: the number of sessions in the index and the sum of their trace counts
+TOTALS_TABLE = "gatewayscope_session_totals"
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
@@ -97,6 +119,19 @@ CREATE TABLE {META_TABLE} (
     key TEXT PRIMARY KEY,
     value NOT NULL
 )""",
+    INDEX_TABLE: f"""
+CREATE TABLE {INDEX_TABLE} (
+    session_id TEXT PRIMARY KEY,
+    trace_count INTEGER NOT NULL,
+    first_trace_at REAL,
+    last_trace_at REAL
+) WITHOUT ROWID""",
+    TOTALS_TABLE: f"""
+CREATE TABLE {TOTALS_TABLE} (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    sessions INTEGER NOT NULL,
+    traces INTEGER NOT NULL
+)""",
 }
 
 _INDEXES: dict[str, str] = {
@@ -106,6 +141,10 @@ _INDEXES: dict[str, str] = {
     "gatewayscope_tombstones_droppers": (
         f"CREATE INDEX gatewayscope_tombstones_droppers ON {TOMBSTONES_TABLE}(dropped_writes) "
         "WHERE dropped_writes > 0"
+    ),
+    # partial: only one-trace sessions, ordered by their trace's time: the scan's suspected-orphan candidates
+    "gatewayscope_sessions_single": (
+        f"CREATE INDEX gatewayscope_sessions_single ON {INDEX_TABLE}(last_trace_at) WHERE trace_count = 1"
     ),
 }
 
@@ -168,11 +207,67 @@ AFTER DELETE ON {TOMBSTONES_TABLE}
 BEGIN
     UPDATE {META_TABLE} SET value = value - 1 WHERE key = 'tombstones';
 END""",
+    # the orphan index: one UPSERT by primary key per junction row written, kept in step with the totals row
+    "gatewayscope_index_on_insert": f"""
+CREATE TRIGGER gatewayscope_index_on_insert
+AFTER INSERT ON trace_sessions
+BEGIN
+    UPDATE {TOTALS_TABLE} SET traces = traces + 1,
+           sessions = sessions + NOT EXISTS (SELECT 1 FROM {INDEX_TABLE} WHERE session_id = NEW.session_id)
+     WHERE id = 1;
+    INSERT INTO {INDEX_TABLE} (session_id, trace_count, first_trace_at, last_trace_at)
+    VALUES (NEW.session_id, 1, NEW.created_at, NEW.created_at)
+    ON CONFLICT (session_id) DO UPDATE SET trace_count = trace_count + 1,
+           first_trace_at = MIN(first_trace_at, excluded.first_trace_at),
+           last_trace_at = MAX(last_trace_at, excluded.last_trace_at);
+END""",
+    # a session's last row gone: its entry goes; otherwise one less, its first and last times read again from the
+    # gateway's (session_id, created_at) index (two seeks)
+    "gatewayscope_index_on_delete": f"""
+CREATE TRIGGER gatewayscope_index_on_delete
+AFTER DELETE ON trace_sessions
+BEGIN
+    UPDATE {TOTALS_TABLE} SET traces = traces - 1,
+           sessions = sessions - (SELECT trace_count <= 1 FROM {INDEX_TABLE} WHERE session_id = OLD.session_id)
+     WHERE id = 1 AND EXISTS (SELECT 1 FROM {INDEX_TABLE} WHERE session_id = OLD.session_id);
+    DELETE FROM {INDEX_TABLE} WHERE session_id = OLD.session_id AND trace_count <= 1;
+    UPDATE {INDEX_TABLE} SET trace_count = trace_count - 1,
+           first_trace_at = (SELECT MIN(created_at) FROM trace_sessions WHERE session_id = OLD.session_id),
+           last_trace_at = (SELECT MAX(created_at) FROM trace_sessions WHERE session_id = OLD.session_id)
+     WHERE session_id = OLD.session_id;
+END""",
+    # the gateway never updates a junction row; any other writer that does is counted as a delete and an insert
+    "gatewayscope_index_on_update": f"""
+CREATE TRIGGER gatewayscope_index_on_update
+AFTER UPDATE OF session_id, created_at ON trace_sessions
+BEGIN
+    UPDATE {TOTALS_TABLE} SET traces = traces - 1,
+           sessions = sessions - (SELECT trace_count <= 1 FROM {INDEX_TABLE} WHERE session_id = OLD.session_id)
+     WHERE id = 1 AND EXISTS (SELECT 1 FROM {INDEX_TABLE} WHERE session_id = OLD.session_id);
+    DELETE FROM {INDEX_TABLE} WHERE session_id = OLD.session_id AND trace_count <= 1;
+    UPDATE {INDEX_TABLE} SET trace_count = trace_count - 1,
+           first_trace_at = (SELECT MIN(created_at) FROM trace_sessions WHERE session_id = OLD.session_id),
+           last_trace_at = (SELECT MAX(created_at) FROM trace_sessions WHERE session_id = OLD.session_id)
+     WHERE session_id = OLD.session_id;
+    UPDATE {TOTALS_TABLE} SET traces = traces + 1,
+           sessions = sessions + NOT EXISTS (SELECT 1 FROM {INDEX_TABLE} WHERE session_id = NEW.session_id)
+     WHERE id = 1;
+    INSERT INTO {INDEX_TABLE} (session_id, trace_count, first_trace_at, last_trace_at)
+    VALUES (NEW.session_id, 1, NEW.created_at, NEW.created_at)
+    ON CONFLICT (session_id) DO UPDATE SET trace_count = trace_count + 1,
+           first_trace_at = MIN(first_trace_at, excluded.first_trace_at),
+           last_trace_at = MAX(last_trace_at, excluded.last_trace_at);
+END""",
 }
 
 #: names of every object the guard adds to the gateway's file (all dropped by ``uninstall``)
 TRIGGER_NAMES: tuple[str, ...] = tuple(_TRIGGERS)
 GUARD_OBJECTS: tuple[str, ...] = (*_TRIGGERS, *_INDEXES, *_TABLES)
+#: the orphan index's objects (schema 2): checked apart from the tombstone guard's, so a guard installed by an
+#: older gatewayscope (schema 1, no index) still counts as intact; its scans take the full path
+INDEX_OBJECTS: tuple[str, ...] = (INDEX_TABLE, TOTALS_TABLE, "gatewayscope_sessions_single",
+                                  "gatewayscope_index_on_insert", "gatewayscope_index_on_delete",
+                                  "gatewayscope_index_on_update")
 
 _COUNTER_KEYS = ("tombstones", "dropped_writes_total", "evicted_total")
 
@@ -192,6 +287,7 @@ class InstallResult:
     previous_capacity: int | None = None  # set when the capacity changed
     evicted: int = 0  # tombstones evicted now because the capacity went down
     tombstones: int = 0
+    indexed_sessions: int | None = None  # set when the orphan index was (re)built now: the sessions it holds
 
     @property
     def message(self) -> str:
@@ -200,9 +296,11 @@ class InstallResult:
         if not self.changed:
             return (f"The tombstone guard is already installed in {self.path} (capacity {cap}, "
                     f"{self.tombstones:,} tombstones); nothing changed.")
+        index = ("" if self.indexed_sessions is None else
+                 f" Built its orphan index of {self.indexed_sessions:,} sessions: scans read only the candidates.")
         if self.created:
             return (f"Installed the tombstone guard into {self.path} (capacity {cap}): the gateway now drops "
-                    "trace writes for deleted sessions instead of resurrecting them.")
+                    f"trace writes for deleted sessions instead of resurrecting them.{index}")
         parts = []
         if self.repaired:
             parts.append(f"recreated {', '.join(self.repaired)}")
@@ -211,7 +309,9 @@ class InstallResult:
             if self.evicted:
                 text += f" (evicted the {self.evicted:,} oldest tombstones)"
             parts.append(text)
-        return f"Updated the tombstone guard in {self.path}: {'; '.join(parts)}."
+        if not parts:
+            parts.append("completed the orphan index")
+        return f"Updated the tombstone guard in {self.path}: {'; '.join(parts)}.{index}"
 
 
 @dataclass
@@ -260,6 +360,8 @@ class GuardStatus:
     sessions_with_drops: int = 0
     top_droppers: list[Dropper] = field(default_factory=list)
     journal_mode: str | None = None
+    #: the orphan index: "ready", "building" (install's fill not completed), "damaged" or "absent"
+    index: str = "absent"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data."""
@@ -314,12 +416,15 @@ def _expected_sql() -> dict[str, str]:
     return {**_TABLES, **_INDEXES, **_TRIGGERS}
 
 
-def _integrity(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
-    """(missing, altered) guard objects, compared by their SQL with whitespace normalised."""
+def _integrity(conn: sqlite3.Connection, *, index: bool = False) -> tuple[list[str], list[str]]:
+    """(missing, altered) objects of the tombstone guard (with ``index``: of the orphan index), compared by their
+    SQL with whitespace normalised."""
     present = _objects(conn)
     missing: list[str] = []
     altered: list[str] = []
     for name, sql in _expected_sql().items():
+        if (name in INDEX_OBJECTS) != index:
+            continue
         if name not in present:
             missing.append(name)
         elif _normalise(present[name]) != _normalise(sql):
@@ -329,6 +434,17 @@ def _integrity(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
 
 def _meta(conn: sqlite3.Connection) -> dict[str, Any]:
     return {key: value for key, value in conn.execute(f"SELECT key, value FROM {META_TABLE}")}
+
+
+def _index_state(conn: sqlite3.Connection, present: dict[str, str | None], meta: dict[str, Any]) -> str:
+    """The orphan index's state: ``absent`` (none of its objects: a guard installed by an older gatewayscope),
+    ``damaged`` (some missing or altered), ``building`` (its fill at install has not completed) or ``ready``."""
+    if not any(name in present for name in INDEX_OBJECTS):
+        return "absent"
+    missing, altered = _integrity(conn, index=True)
+    if missing or altered:
+        return "damaged"
+    return "ready" if meta.get("index_ready") == 1 else "building"
 
 
 def _has_table(conn: sqlite3.Connection, name: str) -> bool:
@@ -395,8 +511,8 @@ def check_integrity(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIME
                          "Restore it from a backup or recover it with sqlite3's .recover, then install again.")
 
 
-def install(path: str | Path, *, capacity: int | None = None,
-            busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> InstallResult:
+def install(path: str | Path, *, capacity: int | None = None, busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+            progress: Callable[[int, int], None] | None = None) -> InstallResult:
     """Install the tombstone guard into the gateway's SQLite file at ``path``.
 
     Idempotent: when the guard is already there with every object intact and the same capacity, nothing
@@ -406,80 +522,167 @@ def install(path: str | Path, *, capacity: int | None = None,
     table (0 = unlimited); ``None`` keeps the installed capacity, or uses 1,000,000 on a first install.
     Lowering it evicts the oldest tombstones now (counted as evictions).
 
-    Safe while the gateway runs: one short exclusive transaction (see
-    :class:`~gatewayscope._sqlite.locking.Writer`), waiting at most ``busy_timeout`` seconds for the lock; the
-    gateway's own writes wait for ours (its busy timeout is 20 s) and then see the triggers. Raises StoreError
-    for a missing file or one that is not an rLLM trace store, and ConfigError for a negative capacity.
+    The orphan index (``gatewayscope_sessions``, kept by triggers from then on) is filled from the existing rows
+    when it is new, was damaged, or its fill never completed: ``INDEX_FILL_PAGE`` sessions per transaction, each
+    page's rows recomputed from the gateway's table inside that transaction, so the triggers (installed first)
+    and the fill never disagree. ``progress(junction_rows_done, junction_rows_estimate)`` is called after each
+    page. It is marked ready by the last page's transaction only; an interrupted fill is completed by the next
+    install, and until then scans take the full path.
+
+    Safe while the gateway runs: short exclusive transactions (see
+    :class:`~gatewayscope._sqlite.locking.Writer`), each waiting at most ``busy_timeout`` seconds for the lock,
+    the gateway's waiting writes going first between two; the gateway's own writes wait for ours (its busy
+    timeout is 20 s) and then see the triggers. Raises StoreError for a missing file or one that is not an rLLM
+    trace store, and ConfigError for a negative capacity.
     """
     _validate_capacity(capacity)
     name = str(path)
     if Path(path).expanduser().is_file():
         check_integrity(path, busy_timeout=busy_timeout)
-    with _writing(path, busy_timeout=busy_timeout) as (conn, writer), writer.transaction() as txn:
-        _check_trace_store(conn, name)
-        present = _objects(conn)
-        meta = _meta(conn) if META_TABLE in present else {}
-        installed_version = _as_int(meta.get("schema_version"), 0)
-        if installed_version > SCHEMA_VERSION:
-            raise StoreError(f"{name} has the tombstone guard schema {installed_version}, newer than this "
-                             f"gatewayscope's {SCHEMA_VERSION}; upgrade gatewayscope to manage it.")
-        first = TOMBSTONES_TABLE not in present and META_TABLE not in present
-        missing, altered = _integrity(conn)
-        previous = _as_int(meta.get("capacity"), DEFAULT_CAPACITY) if "capacity" in meta else None
-        fallback = previous if previous is not None else DEFAULT_CAPACITY
-        wanted = capacity if capacity is not None else fallback
-        keys_missing = [key for key in ("schema_version", "installed_at", "capacity", *_COUNTER_KEYS)
-                        if key not in meta]
-        if not missing and not altered and not keys_missing and previous == wanted:
-            tombstones = _as_int(meta.get("tombstones"))
-            txn.rollback_only()
-            return InstallResult(path=name, changed=False, created=False, capacity=wanted,
-                                 tombstones=tombstones)
+    with _writing(path, busy_timeout=busy_timeout) as (conn, writer):
+        with writer.transaction() as txn:
+            result = _install_objects(conn, txn, name, capacity)
+        if result.indexed_sessions is not None:
+            result.indexed_sessions = _fill_index(conn, writer, progress=progress)
+    return result
 
-        # triggers first: nothing may fire against a half-built schema
-        for trigger in _TRIGGERS:
-            if trigger in present:
-                conn.execute(f"DROP TRIGGER {trigger}")
-        for table, sql in _TABLES.items():
-            if table in altered:
-                raise StoreError(f"{name} has a {table!r} table that the tombstone guard did not create; "
-                                 "rename or drop it, then install again.")
-            if table not in present:
-                conn.execute(sql)
-        for index, sql in _INDEXES.items():
-            if index in altered:
-                conn.execute(f"DROP INDEX {index}")
-            if index in altered or index not in present:
-                conn.execute(sql)
 
-        now = time.time()
-        defaults: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "installed_at": now,
-                                    "capacity": wanted, "dropped_writes_total": 0, "evicted_total": 0}
-        for key, value in defaults.items():
-            conn.execute(f"INSERT OR IGNORE INTO {META_TABLE} (key, value) VALUES (?, ?)", (key, value))
-        conn.execute(f"UPDATE {META_TABLE} SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
-        conn.execute(f"UPDATE {META_TABLE} SET value = ? WHERE key = 'capacity'", (wanted,))
-        # the live count is kept by triggers from here on; (re)count once, at install time only
-        (count,) = conn.execute(f"SELECT COUNT(*) FROM {TOMBSTONES_TABLE}").fetchone()
-        conn.execute(f"INSERT OR REPLACE INTO {META_TABLE} (key, value) VALUES ('tombstones', ?)", (count,))
+def _install_objects(conn: sqlite3.Connection, txn: Transaction, name: str, capacity: int | None) -> InstallResult:
+    """Create or repair the guard's objects in one transaction; ``indexed_sessions`` is 0 when the orphan
+    index must be filled next (its fill marked not ready), None when it is ready."""
+    _check_trace_store(conn, name)
+    present = _objects(conn)
+    meta = _meta(conn) if META_TABLE in present else {}
+    installed_version = _as_int(meta.get("schema_version"), 0)
+    if installed_version > SCHEMA_VERSION:
+        raise StoreError(f"{name} has the tombstone guard schema {installed_version}, newer than this "
+                         f"gatewayscope's {SCHEMA_VERSION}; upgrade gatewayscope to manage it.")
+    first = TOMBSTONES_TABLE not in present and META_TABLE not in present
+    missing, altered = _integrity(conn)
+    index_missing, index_altered = _integrity(conn, index=True)
+    refill = bool(index_missing or index_altered) or meta.get("index_ready") != 1
+    previous = _as_int(meta.get("capacity"), DEFAULT_CAPACITY) if "capacity" in meta else None
+    fallback = previous if previous is not None else DEFAULT_CAPACITY
+    wanted = capacity if capacity is not None else fallback
+    keys_missing = [key for key in ("schema_version", "installed_at", "capacity", *_COUNTER_KEYS)
+                    if key not in meta]
+    if not missing and not altered and not keys_missing and previous == wanted and not refill:
+        tombstones = _as_int(meta.get("tombstones"))
+        txn.rollback_only()
+        return InstallResult(path=name, changed=False, created=False, capacity=wanted,
+                             tombstones=tombstones)
+    missing += index_missing
+    altered += index_altered
 
-        evicted = 0
-        if wanted > 0 and count > wanted:
-            evicted = count - wanted
-            conn.execute(f"DELETE FROM {TOMBSTONES_TABLE} WHERE seq IN "
-                         f"(SELECT seq FROM {TOMBSTONES_TABLE} ORDER BY seq LIMIT ?)", (evicted,))
-            conn.execute(f"UPDATE {META_TABLE} SET value = value - ? WHERE key = 'tombstones'", (evicted,))
-            conn.execute(f"UPDATE {META_TABLE} SET value = value + ? WHERE key = 'evicted_total'", (evicted,))
-            count -= evicted
-        for sql in _TRIGGERS.values():
+    # triggers first: nothing may fire against a half-built schema
+    for trigger in _TRIGGERS:
+        if trigger in present:
+            conn.execute(f"DROP TRIGGER {trigger}")
+    for table, sql in _TABLES.items():
+        if table in altered:
+            raise StoreError(f"{name} has a {table!r} table that the tombstone guard did not create; "
+                             "rename or drop it, then install again.")
+        if table not in present:
             conn.execute(sql)
+    for index, sql in _INDEXES.items():
+        if index in altered:
+            conn.execute(f"DROP INDEX {index}")
+        if index in altered or index not in present:
+            conn.execute(sql)
+
+    now = time.time()
+    defaults: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "installed_at": now,
+                                "capacity": wanted, "dropped_writes_total": 0, "evicted_total": 0}
+    for key, value in defaults.items():
+        conn.execute(f"INSERT OR IGNORE INTO {META_TABLE} (key, value) VALUES (?, ?)", (key, value))
+    conn.execute(f"UPDATE {META_TABLE} SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
+    conn.execute(f"UPDATE {META_TABLE} SET value = ? WHERE key = 'capacity'", (wanted,))
+    # the live count is kept by triggers from here on; (re)count once, at install time only
+    (count,) = conn.execute(f"SELECT COUNT(*) FROM {TOMBSTONES_TABLE}").fetchone()
+    conn.execute(f"INSERT OR REPLACE INTO {META_TABLE} (key, value) VALUES ('tombstones', ?)", (count,))
+
+    evicted = 0
+    if wanted > 0 and count > wanted:
+        evicted = count - wanted
+        conn.execute(f"DELETE FROM {TOMBSTONES_TABLE} WHERE seq IN "
+                     f"(SELECT seq FROM {TOMBSTONES_TABLE} ORDER BY seq LIMIT ?)", (evicted,))
+        conn.execute(f"UPDATE {META_TABLE} SET value = value - ? WHERE key = 'tombstones'", (evicted,))
+        conn.execute(f"UPDATE {META_TABLE} SET value = value + ? WHERE key = 'evicted_total'", (evicted,))
+        count -= evicted
+    if refill:
+        # the totals row always sums the index rows (the triggers and each fill page change both together); it is
+        # reset with a new index table, and summed once when it is missing beside an existing one
+        if INDEX_TABLE not in present:
+            conn.execute(f"INSERT OR REPLACE INTO {TOTALS_TABLE} (id, sessions, traces) VALUES (1, 0, 0)")
+        elif conn.execute(f"SELECT 1 FROM {TOTALS_TABLE} WHERE id = 1").fetchone() is None:
+            conn.execute(f"INSERT INTO {TOTALS_TABLE} (id, sessions, traces) "
+                         f"SELECT 1, COUNT(*), IFNULL(SUM(trace_count), 0) FROM {INDEX_TABLE}")
+        conn.execute(f"INSERT OR REPLACE INTO {META_TABLE} (key, value) VALUES ('index_ready', 0)")
+    for sql in _TRIGGERS.values():
+        conn.execute(sql)
 
     repaired = [] if first else sorted(set(missing + altered) | ({"counters"} if keys_missing else set()))
     return InstallResult(
         path=name, changed=True, created=first, repaired=repaired, capacity=wanted,
         previous_capacity=previous if previous is not None and previous != wanted else None,
-        evicted=evicted, tombstones=count,
+        evicted=evicted, tombstones=count, indexed_sessions=0 if refill else None,
     )
+
+
+#: one fill page: the sessions after a key, with the figures the full scan reads (its ``_PAGE_SQL``)
+_FILL_PAGE_SQL = """
+    SELECT session_id, COUNT(*), MIN(created_at), MAX(created_at)
+    FROM trace_sessions
+    WHERE session_id > ?
+    GROUP BY session_id
+    ORDER BY session_id
+    LIMIT ?
+"""
+
+
+def _fill_index(conn: sqlite3.Connection, writer: Writer, *,
+                progress: Callable[[int, int], None] | None) -> int:
+    """Fill the orphan index from the gateway's rows, one key range of ``INDEX_FILL_PAGE`` sessions per
+    transaction; returns the sessions indexed.
+
+    The triggers are in place already, so a write landing between two pages is counted by them; each page
+    replaces its key range's entries (and adjusts the totals by the difference) with the figures recomputed
+    inside the same transaction, so an entry a trigger made for a session not yet filled is corrected, and an
+    entry of a session filled before is exact. The last page has no upper bound and marks the index ready.
+    """
+    last = ""
+    done_rows = done_sessions = 0
+    estimate = 0
+    page = 0
+    while True:  # bounded: every page moves ``last`` forward through the sessions; a short page is the last
+        if page:
+            time.sleep(writer.pause)  # the gateway's waiting writer goes next
+        page += 1
+        with writer.transaction():
+            if page == 1:
+                # the gateway's rowids only grow: the largest one is an estimate of the rows to read
+                (estimate,) = conn.execute("SELECT IFNULL(MAX(rowid), 0) FROM trace_sessions").fetchone()
+            rows = conn.execute(_FILL_PAGE_SQL, (last, INDEX_FILL_PAGE)).fetchall()
+            final = len(rows) < INDEX_FILL_PAGE
+            bound, args = (("session_id > ?", (last,)) if final
+                           else ("session_id > ? AND session_id <= ?", (last, rows[-1][0])))
+            old_sessions, old_traces = conn.execute(
+                f"SELECT COUNT(*), IFNULL(SUM(trace_count), 0) FROM {INDEX_TABLE} WHERE {bound}", args).fetchone()
+            conn.execute(f"DELETE FROM {INDEX_TABLE} WHERE {bound}", args)
+            conn.executemany(f"INSERT INTO {INDEX_TABLE} (session_id, trace_count, first_trace_at, last_trace_at) "
+                             "VALUES (?, ?, ?, ?)", rows)
+            traces = sum(int(row[1]) for row in rows)
+            conn.execute(f"UPDATE {TOTALS_TABLE} SET sessions = sessions - ? + ?, traces = traces - ? + ? "
+                         "WHERE id = 1", (old_sessions, len(rows), old_traces, traces))
+            if final:
+                conn.execute(f"UPDATE {META_TABLE} SET value = 1 WHERE key = 'index_ready'")
+        done_rows += traces
+        done_sessions += len(rows)
+        if progress is not None:
+            progress(done_rows, max(estimate, done_rows))
+        if final:
+            return done_sessions
+        last = rows[-1][0]
 
 
 def uninstall(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> UninstallResult:
@@ -547,6 +750,7 @@ def _figures(conn: sqlite3.Connection, top: int) -> dict[str, Any]:
         "evicted": _as_int(meta.get("evicted_total")),
         "sessions_with_drops": int(with_drops),
         "top_droppers": droppers,
+        "index": _index_state(conn, present, meta),
     }
 
 
@@ -570,6 +774,7 @@ def read_guard(conn: sqlite3.Connection, *, top: int = DEFAULT_TOP) -> GuardStat
         enabled=intact,
         triggers_intact=intact,
         top_droppers=[{"session_id": d.session_id, "dropped": d.dropped} for d in figures["top_droppers"]],
+        index=figures["index"],
     )
 
 
@@ -728,3 +933,67 @@ def is_tombstoned(conn: sqlite3.Connection, session_id: str) -> bool:
     """Whether ``session_id`` carries a tombstone (one read; the tombstone table must exist)."""
     row = conn.execute(f"SELECT 1 FROM {TOMBSTONES_TABLE} WHERE session_id = ?", (session_id,)).fetchone()
     return row is not None
+
+
+#: candidate sessions per read of the orphan index (each its own short statement)
+INDEX_PAGE = 4000
+
+_INDEX_COLUMNS = "session_id, trace_count, first_trace_at, last_trace_at"
+#: one-trace sessions idle since ``?``, in (last_trace_at, session_id) order, over the partial index
+_CANDIDATES_SQL = (f"SELECT {_INDEX_COLUMNS} FROM {INDEX_TABLE} INDEXED BY gatewayscope_sessions_single "
+                   "WHERE trace_count = 1 AND last_trace_at <= ? {after} ORDER BY last_trace_at, session_id LIMIT ?")
+
+
+@dataclass
+class IndexRead:
+    """What the orphan index gives a scan: the store's totals, and the rows of the sessions the scan needs."""
+
+    sessions: int  # sessions in the store
+    traces: int  # their trace counts summed (junction rows)
+    #: (session_id, trace_count, first_trace_at, last_trace_at): the one-trace sessions idle since the cut-off,
+    #: then those of the ``also`` ids that have rows, each once
+    rows: list[tuple[Any, ...]]
+
+
+def read_index_for_scan(conn: sqlite3.Connection, tables: set[str], *, idle_before: float, also: list[str],
+                        busy_timeout: float, page_size: int, watch: StatementWatch) -> IndexRead | None:
+    """The orphan index's totals and candidate rows, or None when the file has no ready index (the scan then
+    reads every session: the index is absent, damaged, or its fill at install has not completed).
+
+    The source's :class:`~gatewayscope.sources.rllm_sqlite.IndexReader`. The candidates are the sessions the
+    full scan's rule picks from its pages (one trace, last trace at or before ``idle_before``), read over the
+    partial index of one-trace sessions a key range of at most ``page_size`` (and ``INDEX_PAGE``) at a time, so
+    the read costs what the candidates are, not the store; the ``also`` ids (the tombstoned ones) are looked up
+    by key. The state and totals are read with SQLite's busy handler waiting up to ``busy_timeout`` seconds,
+    the rows by fine polling, each statement watched by ``watch``.
+    """
+    if INDEX_TABLE not in tables:
+        return None
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+    try:
+        present = _objects(conn)
+        meta = _meta(conn) if META_TABLE in present else {}
+        if _index_state(conn, present, meta) != "ready":
+            return None
+        totals = conn.execute(f"SELECT sessions, traces FROM {TOTALS_TABLE} WHERE id = 1").fetchone()
+    finally:
+        conn.execute("PRAGMA busy_timeout = 0")
+    if totals is None:
+        return None
+    page = max(1, min(page_size, INDEX_PAGE))
+    rows: list[tuple[Any, ...]] = []
+    after: tuple[Any, ...] = ()
+    while True:  # bounded: every turn moves the (last_trace_at, session_id) cursor forward
+        sql = _CANDIDATES_SQL.format(after="AND (last_trace_at, session_id) > (?, ?)" if after else "")
+        found, _ = fetch_all(conn, sql, (idle_before, *after, page), busy_timeout=busy_timeout, watch=watch)
+        rows.extend(found)
+        if len(found) < page:
+            break
+        after = (found[-1][3], found[-1][0])
+    seen = {row[0] for row in rows}
+    wanted = [sid for sid in _unique(also) if sid not in seen]
+    for batch in batches(wanted, QUERY_BATCH):
+        found, _ = fetch_all(conn, f"SELECT {_INDEX_COLUMNS} FROM {INDEX_TABLE} WHERE session_id IN "
+                                   f"({','.join('?' * len(batch))})", batch, busy_timeout=busy_timeout, watch=watch)
+        rows.extend(found)
+    return IndexRead(sessions=int(totals[0]), traces=int(totals[1]), rows=rows)

@@ -466,7 +466,7 @@ def _rllm_actions(found: TargetFindings, *, include_suspected: bool, tombstone_i
         else:
             how = "through the gateway's own delete, one at a time"
             when = "; the 0.1.0 memory store scans every session on each delete: " + _memory_delete_time(
-                data.sessions.height, int(data.sessions["trace_count"].sum() or 0), chosen)
+                data.session_count, data.trace_count, chosen)
         warnings.append(f"{snap.name}: deletes {len(delete_ids)} session(s) {how}, {pace}{when} "
                         "(apply --rate sets a fixed pace instead).")
     return actions

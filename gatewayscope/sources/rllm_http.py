@@ -14,8 +14,9 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -24,6 +25,7 @@ import polars as pl
 from gatewayscope.config import DEFAULT_MAX_BODY_BYTES, Policy, Target
 from gatewayscope.errors import (
     BadResponseError,
+    GatewayscopeError,
     HTTPStatusError,
     NotFoundError,
     UnaddressableSessionError,
@@ -217,7 +219,60 @@ def read_guard_status(client: RllmClient) -> GuardStats | None:
         evicted=int(body.get("evicted", 0)),
         enabled=bool(body.get("enabled", True)),
         top_droppers=[d for d in body.get("top_droppers", []) if isinstance(d, dict)],
+        index=body["index"] if isinstance(body.get("index"), str) else None,
     )
+
+
+@dataclass
+class LauncherIndex:
+    """What a guarded launcher's ``POST /guard/index`` gave: the candidate sessions (SESSIONS_SCHEMA, as
+    ``GET /sessions`` lists them), those of them that carry a tombstone, and the store's totals."""
+
+    sessions: pl.DataFrame
+    tombstoned: list[str]
+    session_total: int
+    trace_total: int
+
+
+#: most pages of ``POST /guard/index`` one read asks for (the launcher's pages hold up to 10,000 sessions each)
+MAX_INDEX_PAGES = 10_000
+
+
+def read_launcher_index(client: RllmClient, *, idle_before: float, also: list[str]) -> LauncherIndex:
+    """The candidates and totals from a guarded launcher's orphan index, a page at a time (``after`` the last id
+    of the page before, so the pages are in id order and never overlap); the totals are the first page's."""
+    rows: list[tuple[str, int, float | None, None]] = []
+    tombstoned: list[str] = []
+    totals: tuple[int, int] | None = None
+    after: str | None = None
+    for _ in range(MAX_INDEX_PAGES):  # bounded; each page starts after the last id of the one before
+        body = client.request("POST", "/guard/index", json_body={"idle_before": idle_before, "after": after,
+                                                                 "session_ids": also})
+        if not isinstance(body, dict) or not isinstance(body.get("candidates"), list) \
+                or not isinstance(body.get("tombstoned"), list):
+            raise BadResponseError("POST /guard/index did not return {\"candidates\": [...], \"tombstoned\": [...], "
+                                   "...}.")
+        if totals is None:
+            sessions, traces = _as_int(body.get("sessions")), _as_int(body.get("traces"))
+            if sessions is None or traces is None:
+                raise BadResponseError("POST /guard/index did not return whole-number session and trace totals.")
+            totals = (sessions, traces)
+        for item in body["candidates"]:
+            count = _as_int(item.get("trace_count")) if isinstance(item, dict) else None
+            if count is None or not isinstance(item.get("session_id"), str):
+                raise BadResponseError(f"POST /guard/index holds a malformed candidate: {str(item)[:80]}")
+            if after is None or item["session_id"] > after:  # the pages are in id order: none is read twice
+                rows.append((item["session_id"], count, _as_float(item.get("created_at")), None))
+        tombstoned.extend(str(sid) for sid in body["tombstoned"])
+        following = body.get("next")
+        if not isinstance(following, str) or (after is not None and following <= after):
+            break
+        after = following
+    else:
+        raise BadResponseError(f"POST /guard/index did not end within {MAX_INDEX_PAGES:,} pages.")
+    assert totals is not None
+    return LauncherIndex(sessions=frame_from_rows(rows, SESSIONS_SCHEMA), tombstoned=tombstoned,
+                         session_total=totals[0], trace_total=totals[1])
 
 
 class KnownTraces:
@@ -286,11 +341,16 @@ class KnownTraces:
 
 def read_trace_store_http(target: Target, policy: Policy, *, now: float,
                           transport: httpx.BaseTransport | None = None,
-                          known: KnownTraces | None = None) -> TraceStoreData:
+                          known: KnownTraces | None = None, full: bool = False,
+                          also: Collection[str] = ()) -> TraceStoreData:
     """Read the sessions and the candidate traces of a gateway at ``target.url``.
 
     With ``known``, candidates whose trace an earlier read already holds are not asked for again (see
-    :class:`KnownTraces`); the result is the same.
+    :class:`KnownTraces`); the result is the same. A guarded launcher whose ``/guard/status`` says its orphan
+    index is ready is read through ``POST /guard/index`` instead of ``GET /sessions`` (see
+    :func:`read_launcher_index`): ``sessions`` then holds the candidates only, with the totals beside them, and
+    the findings are those of the full read; ``also`` names more sessions to include when they exist (ids the
+    findings will be given as deleted before). ``full=True`` lists every session even then.
     """
     assert target.url, "an HTTP trace-store target needs a url"
     with RllmClient(target.url, timeout=target.timeout_seconds, transport=transport,
@@ -302,7 +362,19 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
             "guard": "/guard/status" in paths,
             "openapi": bool(paths),
         }
-        sessions = session_frame(client.request("GET", "/sessions", raw=True), f"GET {target.url}/sessions")
+        # always asked: the guard's routes need not appear in the OpenAPI document; a 404 means no guard. Asked
+        # before the listing, whose errors still come first (a guard's error is raised after it)
+        guard_error: GatewayscopeError | None = None
+        try:
+            guard = read_guard_status(client)
+        except GatewayscopeError as err:
+            guard, guard_error = None, err
+        indexed = (read_launcher_index(client, idle_before=now - policy.orphan_idle_seconds, also=list(also))
+                   if guard is not None and guard.index == "ready" and not full else None)
+        if indexed is None:
+            sessions = session_frame(client.request("GET", "/sessions", raw=True), f"GET {target.url}/sessions")
+        else:
+            sessions = indexed.sessions
 
         current_weight: int | None = None
         if capabilities["weight_version"] or not paths:  # no OpenAPI document: ask, a 404 means no feature
@@ -313,12 +385,12 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
             current_weight = _as_int(body.get("weight_version")) if isinstance(body, dict) else None
             capabilities["weight_version"] = current_weight is not None
 
-        # always asked: the guard's routes need not appear in the OpenAPI document; a 404 means no guard
-        guard = read_guard_status(client)
+        if guard_error is not None:
+            raise guard_error
         capabilities["guard"] = guard is not None
 
-        tombstoned: list[str] = []
-        if guard is not None and guard.tombstones > 0:
+        tombstoned: list[str] = [] if indexed is None else indexed.tombstoned
+        if guard is not None and guard.tombstones > 0 and indexed is None:
             all_ids = sessions["session_id"].to_list()
             for batch in batches(all_ids, CHECK_BATCH):
                 body = client.request("POST", "/guard/tombstones/check", json_body={"session_ids": batch})
@@ -362,6 +434,8 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
         guard=guard,
         capabilities=capabilities,
         access="rest",
+        session_total=indexed.session_total if indexed is not None else None,
+        trace_total=indexed.trace_total if indexed is not None else None,
     )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any, Protocol
 
 import polars as pl
@@ -86,6 +86,20 @@ class GuardReader(Protocol):
 
     def __call__(self, conn: sqlite3.Connection, tables: set[str], *, busy_timeout: float, page_size: int,
                  watch: StatementWatch) -> tuple[GuardStats | None, list[str]]: ...
+
+
+class IndexReader(Protocol):
+    """Reads the guard's orphan index, when its tables are among ``tables`` and it is ready; None otherwise.
+
+    Returns an object with ``sessions`` and ``traces`` (the store's totals) and ``rows``: (session_id,
+    trace_count, first_trace_at, last_trace_at) of every one-trace session whose trace is at or before
+    ``idle_before``, and of those of the ``also`` ids that have rows. Its statements run on the source's
+    connection as :class:`GuardReader`'s do. :func:`gatewayscope.guard.sqlite.read_index_for_scan` is the one
+    the scan passes.
+    """
+
+    def __call__(self, conn: sqlite3.Connection, tables: set[str], *, idle_before: float, also: list[str],
+                 busy_timeout: float, page_size: int, watch: StatementWatch) -> Any: ...
 
 
 def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, *,
@@ -217,22 +231,32 @@ def _sessions_frame(rows: list[tuple[Any, ...]]) -> pl.DataFrame:
 
 
 def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float, page_size: int = SESSION_PAGE,
-                            guard_reader: GuardReader | None = None) -> TraceStoreData:
+                            guard_reader: GuardReader | None = None, index_reader: IndexReader | None = None,
+                            full: bool = False, also: Collection[str] = ()) -> TraceStoreData:
     """Read the sessions and candidate traces of the SQLite store at ``target.path``.
 
     ``page_size`` caps the sessions of one page; a page also ends after ``STATEMENT_SECONDS`` of lock,
     and so do candidate-trace reads. ``target.timeout_seconds`` is how long one statement may wait for
     the lock before the read fails with StoreError. ``guard_reader`` reads the tombstone guard's figures and
     tombstoned sessions (see :class:`GuardReader`); without one the read reports no guard.
+
+    With ``index_reader`` (see :class:`IndexReader`), a store whose guard keeps a ready orphan index is read
+    from it: ``sessions`` then holds only the candidate sessions (one trace, idle past the policy's threshold,
+    and the tombstoned ones), ``session_total`` and ``trace_total`` the store's totals, and the findings are
+    those of a full read; ``also`` names more sessions to include when they exist (the ids the findings will be
+    given as deleted before). ``full=True`` reads every session even then. Which path was taken is decided at
+    read time; without a ready index the full read runs.
     """
     assert target.path, "a SQLite trace-store target needs a path"
     with one_reader_per_file(target.path):
         return _read_trace_store_sqlite(target.path, target.timeout_seconds, policy, now=now, page_size=page_size,
-                                        guard_reader=guard_reader)
+                                        guard_reader=guard_reader, index_reader=None if full else index_reader,
+                                        also=list(also))
 
 
 def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: float, page_size: int,
-                             guard_reader: GuardReader | None) -> TraceStoreData:
+                             guard_reader: GuardReader | None,
+                             index_reader: IndexReader | None = None, also: list[str] | None = None) -> TraceStoreData:
     descriptors = open_descriptors()
     conn = open_store(path, readonly=True, busy_timeout=wait)
     watch: StatementWatch | None = None
@@ -243,17 +267,31 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
             tables = check_trace_store(conn, path, busy_timeout=wait)
             probe = WriterProbe.for_new_descriptor(path, descriptors)  # SQLite opened the file by now
             watch = StatementWatch(conn)
-            pages: list[pl.DataFrame] = []
-            for rows in iter_session_pages(conn, page_size, busy_timeout=wait, probe=probe, watch=watch):
-                # built between statements: the gateway commits meanwhile
-                pages.append(_sessions_frame(rows))
-            sessions = pl.concat(pages, rechunk=True) if pages else empty_frame(SESSIONS_SCHEMA)
-            del pages
-            guard, tombstoned = (guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
-                                 if guard_reader is not None else (None, []))
+            idle_before = now - policy.orphan_idle_seconds
+            indexed = None
+            guard_read: tuple[GuardStats | None, list[str]] | None = None
+            if index_reader is not None and guard_reader is not None:
+                # the guard first: its tombstoned sessions are candidates too, looked up in the index by key
+                guard_read = guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
+                indexed = index_reader(conn, tables, idle_before=idle_before, also=[*guard_read[1], *(also or [])],
+                                       busy_timeout=wait, page_size=page_size, watch=watch)
+            if indexed is not None:
+                assert guard_read is not None
+                guard, tombstoned = guard_read
+                sessions = _sessions_frame(indexed.rows) if indexed.rows else empty_frame(SESSIONS_SCHEMA)
+            else:
+                pages: list[pl.DataFrame] = []
+                for rows in iter_session_pages(conn, page_size, busy_timeout=wait, probe=probe, watch=watch):
+                    # built between statements: the gateway commits meanwhile
+                    pages.append(_sessions_frame(rows))
+                sessions = pl.concat(pages, rechunk=True) if pages else empty_frame(SESSIONS_SCHEMA)
+                del pages
+                if guard_read is None:  # read once: before the pages when the index was looked for
+                    guard_read = (guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
+                                  if guard_reader is not None else (None, []))
+                guard, tombstoned = guard_read
             weight = current_weight_version(conn, busy_timeout=wait, watch=watch)
 
-            idle_before = now - policy.orphan_idle_seconds
             candidates = sessions.filter(
                 (pl.col("trace_count") == 1) & (pl.col("last_trace_at") <= idle_before)
             )["session_id"].to_list()
@@ -285,4 +323,6 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
         guard=guard,
         capabilities={"weight_version": weight is not None, "batch_delete": False, "guard": guard is not None},
         access="sqlite",
+        session_total=indexed.sessions if indexed is not None else None,
+        trace_total=indexed.traces if indexed is not None else None,
     )

@@ -99,6 +99,7 @@ def test_the_seed_race_leaves_orphans_unguarded_and_none_with_the_guard(rllm_gat
         "dropped_writes": n_dropped,
         "evicted": 0,
         "top_droppers": status["top_droppers"],
+        "index": "ready",  # the launcher over its memory store keeps the orphan index
     }
     assert metrics(guarded.url) == {
         "gatewayscope_guard_tombstones": N_ROLLOUTS,
@@ -214,7 +215,8 @@ def test_max_tombstones_zero_restores_the_old_behaviour(guarded_gateway: Any) ->
     if not run.race_lost_uids:
         assert len(orphans) == N_STRAGGLERS
     assert guard_status(gateway.url) == {"enabled": False, "tombstones": 0, "capacity": 0,
-                                         "dropped_writes": 0, "evicted": 0, "top_droppers": []}
+                                         "dropped_writes": 0, "evicted": 0, "top_droppers": [],
+                                         "index": "absent"}
     assert metrics(gateway.url)["gatewayscope_guard_tombstone_capacity"] == 0
     refused = httpx.post(f"{gateway.url}/guard/tombstones", json={"session_ids": ["x"]}, timeout=10)
     assert refused.status_code == 409

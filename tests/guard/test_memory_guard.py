@@ -166,7 +166,8 @@ def test_cap_zero_restores_the_legacy_behaviour() -> None:
     assert not guard.enabled
     assert not guard.is_tombstoned("uid:0")
     assert guard.add_tombstones(["x"]) == (0, 0)
-    assert guard.stats() == GuardStats(tombstones=0, capacity=0, dropped_writes=0, evicted=0, enabled=False)
+    assert guard.stats() == GuardStats(tombstones=0, capacity=0, dropped_writes=0, evicted=0, enabled=False,
+                                       index="absent")
 
 
 def test_per_session_drop_counts_keep_the_worst_offenders_in_bounded_memory() -> None:
@@ -471,7 +472,8 @@ def test_guard_routes_follow_the_contract() -> None:
             await write(guard, "late2", "a:0")
             status = (await client.get("/guard/status")).json()
             assert status == {"enabled": True, "tombstones": 1, "capacity": 3, "dropped_writes": 2,
-                              "evicted": 0, "top_droppers": [{"session_id": "a:0", "dropped": 2}]}
+                              "evicted": 0, "top_droppers": [{"session_id": "a:0", "dropped": 2}],
+                              "index": "ready"}
 
             added = await client.post("/guard/tombstones", json={"session_ids": ["a:0", "task/x:1", "b:0"]})
             assert added.json() == {"added": 2, "already": 1, "tombstones": 3}

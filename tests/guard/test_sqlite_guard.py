@@ -624,7 +624,8 @@ def test_read_guard_and_tombstoned_among_on_a_read_only_connection(gw: Gateway, 
     finally:
         ro.close()
     assert stats == GuardStats(tombstones=1_201, capacity=5_000, dropped_writes=2, evicted=0, enabled=True,
-                               triggers_intact=True, top_droppers=[{"session_id": "A", "dropped": 2}])
+                               triggers_intact=True, top_droppers=[{"session_id": "A", "dropped": 2}],
+                               index="ready")
     assert found == ["old-1199", "A", "old-3"]
 
 
