@@ -212,7 +212,8 @@ class ScanController:
         if not self.config.targets:
             raise ConfigError("No targets: give a config file (config_path, or $GATEWAYSCOPE_CONFIG) or rLLM / "
                               "Bifrost addresses (the target picker, or trace_stores / bifrost_urls).")
-        snapshot = take_snapshot(self.config, transports=self.transports, on_target_done=done)
+        snapshot = take_snapshot(self.config, transports=self.transports, on_target_done=done,
+                                 also_sessions=self.deleted_ids)
         with self._lock:
             self.snapshot = snapshot
             self._findings, self._report = None, None

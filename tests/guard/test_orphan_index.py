@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 pytest.importorskip("rllm_model_gateway")
@@ -338,3 +339,19 @@ def test_an_index_read_survives_a_snapshot_round_trip_and_an_unguarded_manifest_
     data = loaded.targets[0].trace_store
     assert data is not None and (data.session_total, data.trace_total) == (56, 76)
     assert scan_report(findings(loaded, config)) == scan_report(findings(snapshot, config))
+
+
+def test_the_notebook_scan_reads_the_sessions_it_was_told_were_deleted_from_an_indexed_store(
+        gw: Gateway, db: Path) -> None:
+    """A session an earlier apply deleted that came back with several traces is no index candidate: the
+    notebook's scan names it to the read, as ``plan --deleted-from`` does, so it is still confirmed."""
+    from gatewayscope.notebook.controllers import ScanController
+
+    build(gw, db)
+    guard.install(db)
+    confirmed = ScanController(trace_stores=[str(db)], orphan_idle_seconds=HOUR, deleted_ids={"multi:2"})
+    confirmed.scan()
+    assert confirmed.snapshot is not None and confirmed.snapshot.targets[0].trace_store is not None
+    assert confirmed.snapshot.targets[0].trace_store.session_total is not None  # the index was read
+    orphans = confirmed.orphans_frame()
+    assert orphans.filter(pl.col("session_id") == "multi:2")["confidence"].to_list() == ["confirmed"]
