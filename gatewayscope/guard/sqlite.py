@@ -662,10 +662,12 @@ def _fill_index(conn: sqlite3.Connection, writer: Writer, *,
             if page == 1:
                 # the gateway's rowids only grow: the largest one is an estimate of the rows to read
                 (estimate,) = conn.execute("SELECT IFNULL(MAX(rowid), 0) FROM trace_sessions").fetchone()
-            rows = conn.execute(_FILL_PAGE_SQL, (last, INDEX_FILL_PAGE)).fetchall()
+            # the first page starts AT the smallest key: an empty session id is a session too
+            after = "session_id >= ?" if page == 1 else "session_id > ?"
+            rows = conn.execute(_FILL_PAGE_SQL.replace("session_id > ?", after), (last, INDEX_FILL_PAGE)).fetchall()
             final = len(rows) < INDEX_FILL_PAGE
-            bound, args = (("session_id > ?", (last,)) if final
-                           else ("session_id > ? AND session_id <= ?", (last, rows[-1][0])))
+            bound, args = ((after, (last,)) if final
+                           else (f"{after} AND session_id <= ?", (last, rows[-1][0])))
             old_sessions, old_traces = conn.execute(
                 f"SELECT COUNT(*), IFNULL(SUM(trace_count), 0) FROM {INDEX_TABLE} WHERE {bound}", args).fetchone()
             conn.execute(f"DELETE FROM {INDEX_TABLE} WHERE {bound}", args)

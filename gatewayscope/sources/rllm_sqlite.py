@@ -53,6 +53,8 @@ _PAGE_SQL = """
     ORDER BY session_id
     LIMIT ?
 """
+#: the first page starts AT the smallest key: an empty session id is a session too
+_FIRST_PAGE_SQL = _PAGE_SQL.replace("session_id > ?", "session_id >= ?")
 
 #: a candidate's traces in two steps: their ids and rowids from the indexes (session order), then the rows
 #: themselves in rowid order, which is the order they lie in the file (far fewer seeks on a cold page cache)
@@ -114,13 +116,13 @@ def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, 
     GROUP BY walks the index in key order and emits a session once its last row is counted), so the next page
     starts after the last session read.
     """
-    last = ""
+    last, sql = "", _FIRST_PAGE_SQL
     while True:
         if page_seconds is None:
-            rows, _ = fetch_all(conn, _PAGE_SQL, (last, page_size), busy_timeout=busy_timeout, watch=watch)
+            rows, _ = fetch_all(conn, sql, (last, page_size), busy_timeout=busy_timeout, watch=watch)
             ended = len(rows) < page_size
         else:
-            rows, ended = fetch_for(conn, _PAGE_SQL, (last, page_size), seconds=page_seconds,
+            rows, ended = fetch_for(conn, sql, (last, page_size), seconds=page_seconds,
                                     busy_timeout=busy_timeout, probe=probe, watch=watch)
             ended = ended and len(rows) < page_size
         if not rows:
@@ -128,7 +130,7 @@ def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, 
         yield rows
         if ended:
             return
-        last = rows[-1][0]
+        last, sql = rows[-1][0], _PAGE_SQL
 
 
 def current_weight_version(conn: sqlite3.Connection, *, busy_timeout: float = 10.0,

@@ -81,6 +81,8 @@ _PAGE_SQL = """
     ORDER BY session_id
     LIMIT ?
 """
+#: the first page starts AT the smallest key: an empty session id is a session too
+_FIRST_PAGE_SQL = _PAGE_SQL.replace("session_id > ?", "session_id >= ?")
 _TOP_SQL = "SELECT rowid, trace_id, session_id, created_at FROM trace_sessions ORDER BY rowid DESC LIMIT 1"
 _ROW_SQL = "SELECT trace_id, session_id, created_at FROM trace_sessions WHERE rowid = ?"
 _CHECK_SQL = "SELECT COUNT(*) FROM trace_sessions WHERE rowid > ? AND rowid <= ?"
@@ -139,7 +141,7 @@ class _Read:
                                     busy_timeout=self.wait, probe=self.probe, watch=self.watch)
             if rows:
                 yield rows
-                last = rows[-1][0]
+                last, sql = rows[-1][0], _PAGE_SQL
             if not rows or (ended and len(rows) < SESSION_PAGE):
                 return
 
@@ -252,15 +254,15 @@ class IncrementalStore:
         identity = tuple(top[0][1:]) if top else None
         pages: list[pl.DataFrame] = []
         count = 0
-        last = ""
+        last, sql = "", _FIRST_PAGE_SQL
         while True:  # bounded: each page moves ``last`` forward through the finitely many session ids
-            rows, ended = fetch_for(run.conn, _PAGE_SQL, (last, links_rowid, SESSION_PAGE),
+            rows, ended = fetch_for(run.conn, sql, (last, links_rowid, SESSION_PAGE),
                                     seconds=STATEMENT_SECONDS, busy_timeout=run.wait, probe=run.probe,
                                     watch=run.watch)
             if rows:  # every row is a whole session (see iter_session_pages)
                 pages.append(_sessions_frame(rows))
                 count += sum(int(row[1]) for row in rows)
-                last = rows[-1][0]
+                last, sql = rows[-1][0], _PAGE_SQL
             if not rows or (ended and len(rows) < SESSION_PAGE):
                 break
         sessions = pl.concat(pages, rechunk=True) if pages else empty_frame(SESSIONS_SCHEMA)

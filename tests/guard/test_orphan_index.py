@@ -355,3 +355,26 @@ def test_the_notebook_scan_reads_the_sessions_it_was_told_were_deleted_from_an_i
     assert confirmed.snapshot.targets[0].trace_store.session_total is not None  # the index was read
     orphans = confirmed.orphans_frame()
     assert orphans.filter(pl.col("session_id") == "multi:2")["confidence"].to_list() == ["confirmed"]
+
+
+def test_an_empty_session_id_is_a_session_to_every_read(gw: Gateway, db: Path) -> None:
+    """The full read, the exporter's incremental read and the index fill page by key from the smallest one:
+    a session whose id is the empty string is read by each (it sorts before every other id)."""
+    from gatewayscope.sources.rllm_sqlite_delta import IncrementalStore
+
+    gw.write("empty-0", "")
+    gw.write("other-0", "a:0")
+    gw.write("other-1", "a:0")
+    age(db, "", 3 * HOUR)
+    target = Target(name="store", kind="rllm", path=str(db))
+    now = time.time()
+    full = read_trace_store_sqlite(target, POLICY, now=now)
+    assert sorted(full.sessions["session_id"].to_list()) == ["", "a:0"]
+    incremental = IncrementalStore().read(target, POLICY, now=now)
+    assert incremental is not None
+    assert sorted(incremental.sessions["session_id"].to_list()) == ["", "a:0"]
+    guard.install(db)
+    index_matches_store(db)
+    entry = both_reads_agree(db)
+    assert entry["_index_used"] and entry["sessions"] == 2
+    assert [row["session_id"] for row in entry["orphan_sessions"]] == [""]
