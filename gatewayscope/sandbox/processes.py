@@ -127,6 +127,20 @@ def rllm_gateway_argv(port: int, worker_url: str, *, store: str = "memory", db_p
     return argv
 
 
+def guarded_gateway_argv(port: int, worker_url: str, *, store: str = "memory", db_path: str | None = None,
+                         host: str = "127.0.0.1", max_tombstones: int | None = None,
+                         python: str | None = None) -> list[str]:
+    """The guarded launcher's command (``python -m gatewayscope.guard.gateway``: rLLM's app with the tombstone
+    guard inside), with :func:`rllm_gateway_argv`'s flags plus ``--max-tombstones`` (its default when None)."""
+    argv = python_argv("gatewayscope.guard.gateway", "--host", host, "--port", str(port), "--store", store,
+                       "--worker", worker_url, "--log-level", "warning", python=python or gateway_python())
+    if db_path:
+        argv += ["--db-path", db_path]
+    if max_tombstones is not None:
+        argv += ["--max-tombstones", str(max_tombstones)]
+    return argv
+
+
 def stub_worker_argv(port: int, *, host: str = "127.0.0.1", model: str | None = None) -> list[str]:
     """The launch command of the stub inference worker (:mod:`gatewayscope.sandbox.stub_worker`)."""
     argv = python_argv("gatewayscope.sandbox.stub_worker", "--host", host, "--port", str(port))
@@ -175,14 +189,20 @@ class RllmGatewayProcess:
 
 
 def start_on_free_port(name: str, make_argv: Callable[[int], list[str]], *, host: str = "127.0.0.1",
-                       port: int | None = None, health_path: str, timeout: float,
-                       attempts: int = 3) -> tuple[ManagedProcess, str]:
-    """Start a server on ``port`` (or a free one, retrying a lost port race); wait for its health URL."""
+                       port: int | None = None, health_path: str, timeout: float, attempts: int = 3,
+                       register: Callable[[ManagedProcess], None] | None = None) -> tuple[ManagedProcess, str]:
+    """Start a server on ``port`` (or a free one, retrying a lost port race); wait for its health URL.
+
+    ``register`` is given every process as soon as it is started, before the wait, so an owner that is
+    interrupted meanwhile can still stop it.
+    """
     tries = 1 if port is not None else max(1, attempts)
     last: RuntimeError | None = None
     for _ in range(tries):
         chosen = port if port is not None else free_port(host)
         proc = ManagedProcess(name, make_argv(chosen))
+        if register is not None:
+            register(proc)
         url = f"http://{host}:{chosen}"
         try:
             proc.wait_http(url + health_path, timeout=timeout)
@@ -205,12 +225,17 @@ def start_stub_worker(*, host: str = "127.0.0.1", port: int | None = None, model
 
 def start_rllm_gateway(worker_url: str, *, store: str = "memory", db_path: str | Path | None = None,
                        host: str = "127.0.0.1", port: int | None = None, timeout: float = 30.0,
-                       open_store: bool = True, python: str | None = None) -> RllmGatewayProcess:
+                       open_store: bool = True, python: str | None = None,
+                       guarded: bool = False, max_tombstones: int | None = None, name: str | None = None,
+                       register: Callable[[ManagedProcess], None] | None = None) -> RllmGatewayProcess:
     """Start the unmodified ``rllm-model-gateway`` in front of ``worker_url``; wait until ``/health`` answers.
 
     ``store`` is ``"memory"`` or ``"sqlite"``; SQLite needs an explicit ``db_path`` (the gateway's default
     would write to ``~/.rllm``). ``python`` is the interpreter whose ``rllm_model_gateway`` runs (default:
-    ``$GATEWAYSCOPE_GATEWAY_PYTHON``, else the one running us).
+    ``$GATEWAYSCOPE_GATEWAY_PYTHON``, else the one running us). With ``guarded`` the gateway is gatewayscope's
+    guarded launcher (:func:`guarded_gateway_argv`, ``max_tombstones`` its cap) run by that interpreter, which
+    must then import gatewayscope too. ``name`` names the process (in errors and logs); ``register`` is as
+    for :func:`start_on_free_port`.
 
     With ``open_store`` (the default) one ``GET /sessions?limit=1`` opens the store before anything else
     does: 0.1.0's SQLite store opens its connection lazily and unguarded, so concurrent first writes on a
@@ -222,10 +247,16 @@ def start_rllm_gateway(worker_url: str, *, store: str = "memory", db_path: str |
     if store == "sqlite" and db_path is None:
         raise ValueError("a SQLite gateway needs db_path (its default is ~/.rllm/gateway_traces.db)")
     db = str(db_path) if db_path is not None else None
-    proc, url = start_on_free_port(
-        f"rllm-gateway-{store}",
-        lambda p: rllm_gateway_argv(p, worker_url, store=store, db_path=db, host=host, python=python),
-        host=host, port=port, health_path="/health", timeout=timeout)
+
+    def argv(p: int) -> list[str]:
+        if guarded:
+            return guarded_gateway_argv(p, worker_url, store=store, db_path=db, host=host,
+                                        max_tombstones=max_tombstones, python=python)
+        return rllm_gateway_argv(p, worker_url, store=store, db_path=db, host=host, python=python)
+
+    proc, url = start_on_free_port(name or f"{'guarded' if guarded else 'rllm'}-gateway-{store}", argv,
+                                   host=host, port=port, health_path="/health", timeout=timeout,
+                                   register=register)
     if open_store:
         try:
             httpx.get(f"{url}/sessions", params={"limit": 1}, timeout=timeout).raise_for_status()

@@ -53,6 +53,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL = "gatewayscope-stub"
 #: characters of the large "tool output" a straggler's call carries (about 8,000 stub tokens)
 DEFAULT_LARGE_PROMPT_CHARS = 32_000
+#: seconds an idle connection to the gateway is kept for reuse: below uvicorn's 5 s keep-alive timeout
+KEEPALIVE_EXPIRY = 2.0
 
 _WORDS = (
     "repository", "function", "error", "traceback", "assert", "module", "import", "config", "value",
@@ -562,11 +564,14 @@ async def run_rollouts_async(gateway_url: str, *, n_rollouts: int = 30, n_stragg
 
     owns_client = client is None
     if client is None:
+        # idle connections expire well before the gateway's (uvicorn's) 5 s keep-alive timeout closes them:
+        # at equal timeouts a busy machine sends a request on a connection the server is closing, and the call
+        # fails with "Server disconnected without sending a response"
         client = httpx.AsyncClient(
             base_url=run.gateway_url, transport=transport,
             timeout=httpx.Timeout(30.0 + straggler_delay),
             limits=httpx.Limits(max_connections=2 * concurrency + 8,
-                                max_keepalive_connections=2 * concurrency),
+                                max_keepalive_connections=2 * concurrency, keepalive_expiry=KEEPALIVE_EXPIRY),
         )
     run.started_at = time.time()
     try:
@@ -592,8 +597,10 @@ async def run_rollouts_async(gateway_url: str, *, n_rollouts: int = 30, n_stragg
     run.deleted_uids.sort(key=order.__getitem__)
     run.race_lost_uids.sort(key=order.__getitem__)
     run.unsettled_uids.sort(key=order.__getitem__)
-    for uid in run.race_lost_uids + run.unsettled_uids:
+    for uid in run.race_lost_uids:
         logger.warning("straggler %s did not leave an orphan as planned", uid)
+    for uid in run.unsettled_uids:  # what a tombstone guard does to every straggler: not worth a warning
+        logger.info("straggler %s: its late trace did not show (a tombstone guard drops it)", uid)
     return run
 
 
@@ -617,7 +624,8 @@ async def retry_rollout_async(gateway_url: str, uid: str, *, calls: int = 2, del
     """
     owns_client = client is None
     if client is None:
-        client = httpx.AsyncClient(base_url=gateway_url.rstrip("/"), transport=transport, timeout=30.0)
+        client = httpx.AsyncClient(base_url=gateway_url.rstrip("/"), transport=transport, timeout=30.0,
+                                   limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY))
     result = RetryResult(uid=uid, deleted_before=None, explicit_create=explicit_create, calls=0,
                          trace_count=0, finished=False)
     try:
@@ -658,6 +666,70 @@ async def retry_rollout_async(gateway_url: str, uid: str, *, calls: int = 2, del
     return result
 
 
+@dataclass
+class LateLanding:
+    """What :func:`land_late_calls` did: the sessions its late calls brought back (one trace each)."""
+
+    uids: list[str]
+    #: the uids whose session shows exactly the late call's one trace afterwards
+    landed: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+async def land_late_calls_async(gateway_url: str, uids: Sequence[str], during: Callable[[], object], *,
+                                model: str = DEFAULT_MODEL, in_flight_timeout: float = 30.0,
+                                settle_timeout: float = 15.0) -> LateLanding:
+    """One more late call for each of ``uids``, held at the stub worker while ``during()`` runs, then let land.
+
+    What a rollout with a second call still in flight leaves when a cleanup deletes its orphan session
+    meanwhile: the call answers after the delete and its trace re-creates the session, with that one trace.
+    Each call is sent and seen in flight at a stub worker before ``during()`` (a synchronous function, run in
+    a thread) starts, and released only after it returned, so every trace lands after it. ``during``'s
+    exception is raised once the calls are released. Needs stub workers behind the gateway (ValueError
+    otherwise): only they hold a call until it is released.
+    """
+    limits = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY)
+    result = LateLanding(uids=list(uids))
+    async with httpx.AsyncClient(base_url=gateway_url.rstrip("/"), timeout=httpx.Timeout(30.0 + in_flight_timeout),
+                                 limits=limits) as client:
+        stub = await _StubControl.discover(client)
+        if not stub.available:
+            raise ValueError("late calls held across a cleanup need stub workers behind the gateway")
+
+        def tag(uid: str) -> str:
+            return f"late:{uid}"
+
+        message = [{"role": "system", "content": _SYSTEM_PROMPT}]
+        calls = {uid: asyncio.create_task(_chat(client, uid, model, [*message, {
+            "role": "user", "content": f"Observation of {uid}: the last tool call returns."}],
+            headers={"x-stub-hold": "1", "x-stub-tag": tag(uid)})) for uid in result.uids}
+        try:
+            for uid in result.uids:
+                if not await stub.wait_in_flight(tag(uid), timeout=in_flight_timeout):
+                    raise RuntimeError(f"{uid}: the late call was not in flight at the worker after "
+                                       f"{in_flight_timeout:.0f} s")
+            await asyncio.to_thread(during)
+        finally:
+            for uid in result.uids:  # never leave a held call behind
+                with contextlib.suppress(httpx.HTTPError):
+                    await stub.release(tag(uid))
+            answers = await asyncio.gather(*calls.values(), return_exceptions=True)
+        failed: set[str] = set()
+        for uid, answer in zip(calls, answers, strict=True):
+            if isinstance(answer, BaseException):
+                failed.add(uid)
+                result.errors.append(f"{uid}: {type(answer).__name__}: {answer}")
+        pending = [uid for uid in result.uids if uid not in failed]
+        deadline = time.monotonic() + settle_timeout
+        while pending:  # bounded by settle_timeout
+            pending = [uid for uid in pending if await _session_trace_count(client, uid) != 1]
+            if not pending or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.05)
+        result.landed = [uid for uid in result.uids if uid not in failed and uid not in pending]
+    return result
+
+
 # ----------------------------------------------------------------------------------------------
 # Sync entry points
 # ----------------------------------------------------------------------------------------------
@@ -687,6 +759,15 @@ def run_rollouts(gateway_url: str, *, n_rollouts: int = 30, n_stragglers: int = 
         group_size=group_size, cluster_stragglers=cluster_stragglers, large_prompt_chars=large_prompt_chars,
         live_calls=live_calls, straggler_stream=straggler_stream, model=model, settle_timeout=settle_timeout,
         drain_before_delete=drain_before_delete, transport=transport))
+
+
+def land_late_calls(gateway_url: str, uids: Sequence[str], during: Callable[[], object], *,
+                    model: str = DEFAULT_MODEL, in_flight_timeout: float = 30.0,
+                    settle_timeout: float = 15.0) -> LateLanding:
+    """Synchronous :func:`land_late_calls_async`."""
+    return _run_sync(lambda: land_late_calls_async(gateway_url, uids, during, model=model,
+                                                   in_flight_timeout=in_flight_timeout,
+                                                   settle_timeout=settle_timeout))
 
 
 def retry_rollout(gateway_url: str, uid: str, *, calls: int = 2, delete_first: bool = True,

@@ -1,6 +1,7 @@
 """``gatewayscope demo`` as a user runs it: a real process that starts the whole sandbox (stub worker, two real
-rLLM gateways, the Bifrost emulator, the exporter), prints where everything is and the plan it would apply,
-and stops everything it started: right away with ``--once``, on Ctrl-C (SIGINT) or SIGTERM otherwise.
+rLLM gateways, two guarded stores, the Bifrost emulator, the exporter), prints where everything is and the plan
+it would apply, and stops everything it started: right away with ``--once``, on Ctrl-C (SIGINT) or SIGTERM
+otherwise.
 
 "Everything stopped" is checked from the outside: every port the demo printed refuses connections afterwards,
 and no process whose command line names the demo's work folder (the SQLite gateway, the exporter) is left.
@@ -34,8 +35,10 @@ pytestmark = pytest.mark.e2e
 
 DEMO = [sys.executable, "-c", "from gatewayscope.cli import run; run()", "demo", "--rollouts", "6",
         "--stragglers", "2"]
-URL = re.compile(r"^\s+(stub worker|rllm-memory|rllm-sqlite|bifrost emulator|exporter):\s+(http://127\.0\.0\.1:\d+)\s*$",
-                 re.MULTILINE)
+PARTS = {"stub worker", "rllm-memory", "rllm-sqlite", "rllm-memory-guarded", "rllm-sqlite-guarded", "bifrost emulator",
+         "exporter"}
+URL = re.compile(r"^\s+([\w -]+):\s+(http://127\.0\.0\.1:\d+)\s*$", re.MULTILINE)
+RLLM_TARGETS = ("rllm-memory", "rllm-sqlite", "rllm-memory-guarded", "rllm-sqlite-guarded")
 
 
 def demo_env(flavor: Any) -> dict[str, str]:
@@ -79,7 +82,7 @@ def processes_naming(text: str) -> list[str]:
 
 
 def assert_all_stopped(parts: dict[str, str], workdir: Path) -> None:
-    assert set(parts) == {"stub worker", "rllm-memory", "rllm-sqlite", "bifrost emulator", "exporter"}, parts
+    assert set(parts) == PARTS, parts
     still = {name: url for name, url in parts.items() if port_open(url)}
     assert still == {}, f"still listening after the demo stopped: {still}"
     assert processes_naming(str(workdir)) == []
@@ -96,14 +99,33 @@ def test_demo_once_prints_everything_and_stops_cleanly(gateway_flavor: Any, tmp_
     # the flavour's gateway wrote the SQLite store: 0.1.0 keeps it in DELETE mode, upstream main in WAL
     assert journal_mode(workdir / "gateway_traces.db") == gateway_flavor.journal_mode
 
-    # what it found, where /metrics is, the plan it would apply (written, never applied), the notebooks
-    assert "Orphan sessions: 0 confirmed, 2 suspected" in out
+    # what it found: suspected orphans behind the unguarded gateways; on the store guarded late the orphans a
+    # journaled cleanup deleted before its guard and late calls brought back (confirmed by that journal);
+    # none behind the guarded gateway; the guards' figures (6 deletes and 2 dropped late writes behind each)
+    assert out.count("Orphan sessions: 0 confirmed, 2 suspected") == 2
+    assert "Orphan sessions: 2 confirmed, 0 suspected" in out
+    assert out.count("Guard: 6 tombstones of 1,000,000, 2 dropped writes.") == 2
+    assert "The guards dropped the late writes of 4 more (rllm-memory-guarded: 2, rllm-sqlite-guarded: 2)." in out
+    journal = workdir / "cleanup-before-guard.journal.jsonl"
+    assert f"--deleted-from {journal}" in out
     assert f"Prometheus metrics: {parts['exporter']}/metrics" in out
+    # the plan it would apply (written, never applied): tombstones first on the guarded store, then deletes
     plan = load_plan(workdir / "plan.json")
     assert f"Plan {plan.id}" in out
-    assert {a.kind for a in plan.actions} == {"session_delete", "posture_fix", "pool_shrink", "record_delete"}
-    assert "written, NOT applied" in out and not list(workdir.glob("*.journal*"))
-    assert re.search(r"jupyter lab \S*notebooks", out)
+    assert {a.kind for a in plan.actions} == {"tombstone_backfill", "session_delete", "posture_fix", "pool_shrink",
+                                              "record_delete"}
+    backfills = [a for a in plan.actions if a.kind == "tombstone_backfill"]
+    deletes = [a for a in plan.actions if a.kind == "session_delete"]
+    assert [a.target for a in backfills] == ["rllm-sqlite-guarded"]  # its confirmed orphans carry no tombstone
+    assert sorted(backfills[0].after["session_ids"]) == sorted(
+        a.subject for a in deletes if a.target == "rllm-sqlite-guarded")
+    assert all(a.details["deleted_before"] for a in deletes if a.target == "rllm-sqlite-guarded")
+    assert {a.target: a.details["confidence"] for a in deletes} == {
+        "rllm-memory": "suspected", "rllm-sqlite": "suspected", "rllm-sqlite-guarded": "confirmed"}
+    assert len(deletes) == 6
+    assert "written, NOT applied" in out
+    assert {p.name for p in workdir.glob("*.journal*")} <= {journal.name, f"{journal.name}.lock"}  # its cleanup's
+    assert re.search(r"jupyter lab (--allow-root )?\S*notebooks", out)
     assert f"GATEWAYSCOPE_CONFIG={workdir / 'gatewayscope.toml'}" in out
     assert "stopped everything it started" in done.stderr
 
@@ -142,7 +164,7 @@ def test_a_signal_stops_everything_the_running_demo_started(gateway_flavor: Any,
         parts = endpoints("".join(lines))
         assert all(port_open(url) for url in parts.values()), parts
         # the demo's gateways are the flavour's: only upstream main has /admin/weight_version
-        for name in ("rllm-memory", "rllm-sqlite"):
+        for name in RLLM_TARGETS:
             answer = httpx.get(f"{parts[name]}/admin/weight_version", timeout=30)
             assert answer.status_code == (200 if gateway_flavor.weight_version else 404), (name, answer.text)
 
@@ -152,10 +174,24 @@ def test_a_signal_stops_everything_the_running_demo_started(gateway_flavor: Any,
         while True:
             metrics = httpx.get(f"{exporter}/metrics", timeout=30).text
             up = dict(re.findall(r'^gatewayscope_up\{kind="\w+",target="([\w-]+)"\} (\S+)$', metrics, re.MULTILINE))
-            if up == {"rllm-memory": "1.0", "rllm-sqlite": "1.0", "bifrost": "1.0"} or time.monotonic() > deadline:
+            if up == dict.fromkeys((*RLLM_TARGETS, "bifrost"), "1.0") or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        assert up == {"rllm-memory": "1.0", "rllm-sqlite": "1.0", "bifrost": "1.0"}, metrics[:2000]
+        assert up == dict.fromkeys((*RLLM_TARGETS, "bifrost"), "1.0"), metrics[:2000]
+
+        # `gatewayscope plan` on the sandbox with the cleanup's journal: the orphans of the store guarded late,
+        # confirmed by it, their tombstones first; the suspected ones elsewhere are left out (warned)
+        config = workdir / "gatewayscope.toml"
+        journal = workdir / "cleanup-before-guard.journal.jsonl"
+        planned = subprocess.run([sys.executable, "-c", "from gatewayscope.cli import run; run()", "plan",
+                                  "--config", str(config), "--deleted-from", str(journal),
+                                  "--out", str(tmp_path / "plan.json")],
+                                 capture_output=True, text=True, timeout=120)
+        assert planned.returncode == 0, planned.stderr[-4000:]
+        plan = load_plan(tmp_path / "plan.json")
+        rllm = [(a.kind, a.target) for a in plan.actions if a.target.startswith("rllm")]
+        assert rllm == [("tombstone_backfill", "rllm-sqlite-guarded")] + [("session_delete", "rllm-sqlite-guarded")] * 2
+        assert "rllm-memory: 2 suspected orphan session(s) left out" in planned.stdout
 
         proc.send_signal(signum)
         assert proc.wait(timeout=60) == 0, log.read_text()[-4000:]

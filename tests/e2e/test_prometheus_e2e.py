@@ -37,7 +37,7 @@ import json
 import re
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -143,9 +143,11 @@ def exporter_config(path: Path, places: dict[str, tuple[str, str]], limits: dict
     path.write_text("\n".join(lines))
 
 
-def prometheus_config(path: Path, exporter_address: str, dead_address: str) -> None:
-    """scrape-static.yml's job (plus an exporter address where nothing listens) and scrape-multi-target.yml's
-    jobs (relabeling verbatim), pointed here, with the alert and recording rules."""
+def prometheus_config(path: Path, exporter_address: str, dead_address: str | None,
+                      targets: Sequence[str] = TARGETS) -> None:
+    """scrape-static.yml's job (plus an exporter address where nothing listens, when given) and
+    scrape-multi-target.yml's jobs (relabeling verbatim) probing ``targets``, pointed here, with the alert
+    and recording rules."""
     static = yaml.safe_load((DASHBOARDS / "prometheus" / "scrape-static.yml").read_text())
     multi = yaml.safe_load((DASHBOARDS / "prometheus" / "scrape-multi-target.yml").read_text())
     jobs = []
@@ -154,12 +156,12 @@ def prometheus_config(path: Path, exporter_address: str, dead_address: str) -> N
         job["scrape_interval"] = SCRAPE_INTERVAL
         job["scrape_timeout"] = SCRAPE_INTERVAL
         if job["metrics_path"] == "/probe":
-            job["static_configs"] = [{"targets": list(TARGETS)}]
+            job["static_configs"] = [{"targets": list(targets)}]
             for rule in job["relabel_configs"]:
                 if rule.get("target_label") == "__address__":
                     rule["replacement"] = exporter_address
         elif job["job_name"] == "gatewayscope":
-            job["static_configs"] = [{"targets": [exporter_address, dead_address]}]
+            job["static_configs"] = [{"targets": [exporter_address, *([dead_address] if dead_address else [])]}]
         else:
             job["static_configs"] = [{"targets": [exporter_address]}]
         jobs.append(job)
@@ -202,8 +204,8 @@ def record_names() -> list[str]:
             ["groups"] for rule in group["rules"]]
 
 
-def test_every_panel_and_alert_against_a_real_prometheus(
-        rllm_gateway: Any, emulator: Any, tmp_path: Path) -> None:
+def prometheus_or_skip() -> str:
+    """The ``prometheus`` binary; the test is skipped without it (and fails in CI, which installs it)."""
     prometheus_bin = shutil.which("prometheus")
     if prometheus_bin is None:
         import os
@@ -211,6 +213,12 @@ def test_every_panel_and_alert_against_a_real_prometheus(
         if os.environ.get("CI"):
             pytest.fail("prometheus is not on PATH; CI installs Debian's 'prometheus' package (.ci/run)")
         pytest.skip("prometheus is not installed (Debian: apt-get install prometheus); CI runs this test")
+    return prometheus_bin
+
+
+def test_every_panel_and_alert_against_a_real_prometheus(
+        rllm_gateway: Any, emulator: Any, tmp_path: Path) -> None:
+    prometheus_bin = prometheus_or_skip()
     # the gateways, made bad
     from gatewayscope.guard import sqlite as sqlite_guard
     from gatewayscope.sandbox.bifrost_emulator import seed_realistic
@@ -386,3 +394,96 @@ def test_the_guarded_launchers_tombstones_reach_the_exporter(guarded_gateway: An
     assert 'gatewayscope_up{kind="rllm",target="guarded"} 1.0' in text
     assert 'gatewayscope_trace_store_tombstones{target="guarded"} 4.0' in text
     assert 'gatewayscope_trace_store_tombstone_capacity{target="guarded"} 10.0' in text
+
+
+# -- the sandbox of `gatewayscope demo`, guarded stores included ----------------------------------------------
+
+#: the dashboard each kind of target has (the overview shows every kind)
+KIND_DASHBOARD = {"rllm": "gatewayscope-trace-store.json", "bifrost": "gatewayscope-bifrost.json"}
+#: the guard's series: a panel that reads only these has data exactly for the targets with a guard
+GUARD_SERIES = re.compile(r"tombstone|dropped_writes")
+
+
+def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel of a dashboard, the panels inside (collapsed) rows included."""
+    for panel in dashboard.get("panels", []):
+        yield panel
+        yield from panels(panel)
+
+
+def test_every_dashboard_panel_has_data_for_its_kind_on_the_sandbox(gateway_flavor: Any, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sandbox `gatewayscope demo` runs (its gateways the flavour's), its own exporter, a real Prometheus
+    scraping it as the shipped scrape configs say: every query of every panel returns data, on the overview
+    for all targets and on each kind's dashboard for "All" and for every target of that kind, except that a
+    panel reading only the guard's series has none for the two stores without a guard (and must have data
+    for both guarded ones: the guarded gateway and the SQLite file with the guard's triggers)."""
+    from gatewayscope.config import load_config
+    from gatewayscope.sandbox.demo import GUARDED_MEMORY, GUARDED_SQLITE, Sandbox
+    from gatewayscope.sandbox.processes import GATEWAY_PYTHON_ENV
+
+    prometheus_bin = prometheus_or_skip()
+    monkeypatch.setenv(GATEWAY_PYTHON_ENV, gateway_flavor.python)
+    with Sandbox(tmp_path / "sandbox", rollouts=8, stragglers=3, with_exporter=True, say=lambda _m: None) as box:
+        kinds = {t.name: t.kind for t in load_config(box.run.config_path).targets}
+        assert kinds == {"rllm-memory": "rllm", "rllm-sqlite": "rllm", GUARDED_MEMORY: "rllm", GUARDED_SQLITE: "rllm",
+                         "bifrost": "bifrost"}
+        guarded = {GUARDED_MEMORY, GUARDED_SQLITE}
+        # warm the exporter's reads (the first DNS checks of the emulator's records) before Prometheus's deadlines
+        warm = httpx.get(f"{box.run.exporter_url}/metrics", timeout=90,
+                         headers={"X-Prometheus-Scrape-Timeout-Seconds": "60"})
+        up = [f'kind="{kind}",target="{name}"}} 1.0' for name, kind in kinds.items()]
+        assert all(line in warm.text for line in up), warm.text[:3000]
+
+        prometheus_config(tmp_path / "prometheus.yml", box.run.exporter_url.removeprefix("http://"), None,
+                          targets=sorted(kinds))
+        prometheus, prometheus_url = start_on_free_port(
+            "prometheus",
+            lambda port: [prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
+                          f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+                          "--log.level=warn"],
+            "/-/ready")
+        try:
+            prom = Prom(prometheus_url)
+            wait_for("every target probed", lambda: {r["metric"]["target"] for r in prom.query(
+                'gatewayscope_up{job="gatewayscope-targets"} == 1')}, lambda seen: seen == set(kinds))
+            # the guard's figures reach Prometheus from both kinds of guard, and only from them
+            wait_for("the guards' tombstones", lambda: {r["metric"]["target"] for r in prom.query(
+                'gatewayscope_trace_store_tombstones{job="gatewayscope"} > 0')}, lambda seen: seen == guarded)
+            # the orphans the late calls brought back after the cleanup, once idle past the sandbox's threshold
+            # (the exporter reads no journal: to it they are suspected)
+            wait_for("the orphans of the store guarded late", lambda: prom.value(
+                f'sum(gatewayscope_trace_store_orphan_sessions{{job="gatewayscope", target="{GUARDED_SQLITE}"}})'),
+                lambda v: v == 3)
+
+            def candidates(name: str) -> list[tuple[str, str]]:
+                """(what $target becomes, its name here): "All", then on a kind's dashboard each target of the kind
+                (the overview mixes the kinds, so only "All" must fill every one of its panels)."""
+                kind = next((k for k, dashboard in KIND_DASHBOARD.items() if dashboard == name), None)
+                listed = sorted(t for t, k in kinds.items() if kind in (None, k))
+                variable = next(v for v in load_dashboard(name)["templating"]["list"] if v["name"] == "target")
+                everything = str(variable.get("allValue") or "(" + "|".join(listed) + ")")  # Grafana's "All"
+                return [(everything, "All")] + ([(t, t) for t in listed] if kind else [])
+
+            def wrong_panels() -> list[str]:
+                wrong = []
+                for name in DASHBOARD_FILES:
+                    for panel in panels(load_dashboard(name)):
+                        exprs = [t["expr"] for t in panel.get("targets", []) if t.get("expr")]
+                        guard_only = bool(exprs) and all(GUARD_SERIES.search(e) for e in exprs)
+                        for value, label in candidates(name):
+                            expect = not (guard_only and label in kinds and label not in guarded)
+                            for expr in exprs:
+                                query = substitute(expr, value).replace("$cluster", ".*")
+                                if bool(prom.query(query)) != expect:
+                                    wrong.append(f"{name}: {panel['title']} ({label}): "
+                                                 f"{'no data' if expect else 'data'}: {query}")
+                return wrong
+
+            wait_for("every panel to show data for its kind", wrong_panels, lambda wrong: wrong == [])
+            guard_panels = {(name, p["title"]) for name in DASHBOARD_FILES for p in panels(load_dashboard(name))
+                            if p.get("targets") and all(GUARD_SERIES.search(t["expr"]) for t in p["targets"])}
+            assert {title for name, title in guard_panels if name == KIND_DASHBOARD["rllm"]}, guard_panels
+        finally:
+            prometheus.stop()
+    assert not any(box.running().values())
