@@ -4,10 +4,13 @@ The sandbox (:class:`gatewayscope.sandbox.demo.Sandbox`) runs the stub worker, t
 real stragglers, and the Bifrost emulator as its own process. The triage notebook scans it and exports a
 snapshot; the remediate notebook is given a plan made beforehand with the core (as CI or a runbook would with
 ``gatewayscope plan``), runs once as a dry run (no ``confirm``), then once with ``confirm`` set to the plan id's
-prefix and ``confirm_deletes`` to the number of deletes. The assertions are on outcomes: the exported
-snapshot's findings, the gateways' sessions, the emulator's records and posture, the journal, and the widget
-state the executed notebook keeps. The executed remediate notebook is rendered to HTML and photographed in
-headless Chromium; the PNG, the HTML and the executed notebooks are kept under ``artifacts/notebooks/``.
+prefix and ``confirm_deletes`` to the number of deletes. Both run in ``notebooks/``, as JupyterLab runs them,
+with the default run directory. The assertions are on outcomes: the exported snapshot's findings, the
+gateways' sessions, the emulator's records and posture, the journal and the applied plan in the run
+directory (and nothing new in ``notebooks/`` for git to see), the widget state the executed notebook keeps,
+and the static record of each run it keeps without widget state. The executed remediate notebook is
+rendered to HTML and photographed in headless Chromium; the PNG, the HTML and the executed notebooks are
+kept under ``artifacts/notebooks/``.
 Everything runs once per rLLM gateway flavour (``module_gateway_flavor``): PyPI's 0.1.0 keeps its artifacts
 there, upstream main under ``artifacts/notebooks/upstream-main/``.
 """
@@ -42,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 ARTIFACTS = ROOT / "artifacts" / "notebooks"
 KERNEL_NAME = "gatewayscope-test-python3"
-TAIL = "0 refused, 0 unconfirmed, 0 gone, 0 stale, 0 already-done"
+RUNS = "gatewayscope-runs"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 N_ROLLOUTS, N_STRAGGLERS = 8, 3
 
@@ -81,13 +84,14 @@ def kernel_name(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def execute(notebook: str, out: Path, kernel: str, **parameters: Any) -> Any:
-    """Run ``notebooks/<notebook>`` with papermill on ``kernel``; return the executed notebook (nbformat)."""
+    """Run ``notebooks/<notebook>`` with papermill on ``kernel`` in ``notebooks/`` (as JupyterLab does); return
+    the executed notebook (nbformat), saved to ``out``."""
     import nbformat
     import papermill
 
     out.parent.mkdir(parents=True, exist_ok=True)
     papermill.execute_notebook(str(NOTEBOOKS / notebook), str(out), parameters=parameters, kernel_name=kernel,
-                               cwd=str(out.parent), progress_bar=False, execution_timeout=240)
+                               cwd=str(NOTEBOOKS), progress_bar=False, execution_timeout=240)
     return nbformat.read(str(out), as_version=4)
 
 
@@ -135,7 +139,8 @@ def over_policy(state: dict[str, Any], policy: Policy) -> list[str]:
 
 
 def gateway_urls(sandbox: Any) -> dict[str, str]:
-    return {"rllm-memory": sandbox.run.memory_gateway_url, "rllm-sqlite": sandbox.run.sqlite_gateway_url}
+    """Every rLLM gateway of the sandbox (the unguarded and the guarded ones), by target name."""
+    return dict(sandbox.run.gateway_urls())
 
 
 @dataclass
@@ -151,10 +156,13 @@ class Remediated:
     dry_run: Any
     dry_run_state: dict[str, Any]
     dry_run_sessions: dict[str, dict[str, int]]
-    dry_run_journaled: bool
+    dry_run_wrote: list[str]
     notebook: Any
     notebook_path: Path
     journal: Path
+    run_dir: Path
+    git_status: tuple[str, str]
+    beside_notebooks: tuple[list[str], list[str]]
 
 
 @pytest.fixture(scope="module")
@@ -171,24 +179,75 @@ def remediated(sandbox: Any, triaged: Triaged, artifacts: Path, kernel_name: str
     """Plan with the core (as CI does with 'gatewayscope plan'), then the notebook: a dry run, a real apply."""
     work = tmp_path_factory.mktemp("remediate")
     config = load_config(sandbox.run.config_path)
-    plan = build_plan(take_snapshot(config), config, include_suspected=True, include_deletes=True)
+    plan = build_plan(take_snapshot(config), config, include_suspected=True, include_deletes=True,
+                      deleted_ids=sandbox.run.deleted_ids())  # the sandbox's cleanup journal (docs/sandbox.md)
     plan_path = plan.save(work / "plan.json")
-    journal = work / "journal.jsonl"
     before = emulator_state(sandbox)
-    common = {"config_path": str(sandbox.run.config_path), "plan_path": str(plan_path), "journal_path": str(journal)}
+    # no journal_path, no run_dir: the defaults, as a person running the notebook in JupyterLab gets them
+    common = {"config_path": str(sandbox.run.config_path), "plan_path": str(plan_path)}
+    status_before, beside_before, runs_before = git_status_of_notebooks(), beside_notebooks(), run_dirs()
+    try:
+        dry_run = execute("remediate.ipynb", artifacts / "remediate-dry-run.ipynb", kernel_name, **common)
+        dry_state = emulator_state(sandbox)
+        dry_sessions = {name: sessions(url) for name, url in gateway_urls(sandbox).items()}
+        dry_wrote = sorted(run_dirs() - runs_before)
 
-    dry_run = execute("remediate.ipynb", artifacts / "remediate-dry-run.ipynb", kernel_name, **common)
-    dry_state = emulator_state(sandbox)
-    dry_sessions = {name: sessions(url) for name, url in gateway_urls(sandbox).items()}
-    dry_journaled = journal.exists()
-
-    deletes = sum(1 for a in plan.actions if a.destructive)
-    path = artifacts / "remediate.ipynb"
-    notebook = execute("remediate.ipynb", path, kernel_name, **common, confirm=plan.id[:12],
-                       confirm_deletes=str(deletes))
+        deletes = sum(1 for a in plan.actions if a.destructive)
+        path = artifacts / "remediate.ipynb"
+        notebook = execute("remediate.ipynb", path, kernel_name, **common, confirm=plan.id[:12],
+                           confirm_deletes=str(deletes))
+        status_after, beside_after = git_status_of_notebooks(), beside_notebooks()
+        created = sorted(run_dirs() - runs_before)
+        assert len(created) == 1, created  # the apply's run directory, and only that
+        run_dir = NOTEBOOKS / RUNS / created[0]
+        kept = work / "run"  # the run's files outlive the clean-up of notebooks/gatewayscope-runs/
+        shutil.copytree(run_dir, kept)
+    finally:
+        for name in run_dirs() - runs_before:  # only what these runs made
+            shutil.rmtree(NOTEBOOKS / RUNS / name, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            (NOTEBOOKS / RUNS).rmdir()  # only if empty: someone else's runs stay
     return Remediated(plan=plan, before=before, dry_run=dry_run, dry_run_state=dry_state,
-                      dry_run_sessions=dry_sessions, dry_run_journaled=dry_journaled, notebook=notebook,
-                      notebook_path=path, journal=journal)
+                      dry_run_sessions=dry_sessions, dry_run_wrote=dry_wrote, notebook=notebook,
+                      notebook_path=path, journal=kept / "remediate.journal.jsonl", run_dir=run_dir,
+                      git_status=(status_before, status_after), beside_notebooks=(beside_before, beside_after))
+
+
+def git_status_of_notebooks() -> str:
+    """What git sees changed under notebooks/ (the run directories are ignored)."""
+    done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "notebooks/"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout
+
+
+def beside_notebooks() -> list[str]:
+    """The files and folders next to the notebooks, the run directories' folder left out."""
+    return sorted(p.name for p in NOTEBOOKS.iterdir() if p.name != RUNS)
+
+
+def run_dirs() -> set[str]:
+    """The run directories under notebooks/gatewayscope-runs/."""
+    folder = NOTEBOOKS / RUNS
+    return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+
+
+def outputs_html(cell: Any) -> str:
+    """The text/html of a cell's outputs (what a notebook shows without any widget state)."""
+    return "".join(str(o.get("data", {}).get("text/html", "")) for o in cell.get("outputs", []))
+
+
+def expected_tally(remediated: Remediated) -> str:
+    """The tally line of the apply, from its journal's closing record."""
+    journal = Journal(remediated.journal)
+    end = next(r for r in journal.read() if r.get("event") == "apply-end" and r.get("plan_id") == remediated.plan.id)
+    counts = end["tally"]
+    assert set(counts) >= {"done", "refused", "unconfirmed", "gone", "stale", "already-done"}
+    return (f"{counts['done']} done, {counts['refused']} refused, {counts['unconfirmed']} unconfirmed, "
+            f"{counts['gone']} gone, {counts['stale']} stale, {counts['already-done']} already-done")
+
+
+def review_cell(notebook: Any) -> Any:
+    return next(c for c in notebook.cells if c.cell_type == "code" and "review.show()" in c.source)
 
 
 def stream_text(notebook: Any) -> str:
@@ -215,7 +274,7 @@ def test_triage_finds_the_real_orphans_and_exports_a_snapshot(sandbox: Any, tria
     for name, expected in sandbox.run.expected_orphans.items():
         found = sorted(s["session_id"] for s in by_name[name]["orphan_sessions"])
         assert found == sorted(expected), name  # the stragglers, and no live session
-        assert len(expected) == N_STRAGGLERS
+        assert expected and len(expected) <= N_STRAGGLERS  # the guarded SQLite store: only those before its guard
     bifrost = by_name["bifrost"]
     state = emulator_state(sandbox)
     assert sum(bifrost["parked_workers"].values()) == state["totals"]["parked_workers"]
@@ -236,7 +295,8 @@ def test_remediate_dry_run_then_apply_with_the_confirmation_parameter(sandbox: A
     plan = remediated.plan
     config = load_config(sandbox.run.config_path)
     kinds = {a.kind for a in plan.actions}
-    assert kinds == {"session_delete", "posture_fix", "pool_shrink", "record_delete"}
+    # the guarded SQLite store's orphans were deleted before its guard: their tombstones are backfilled
+    assert kinds == {"session_delete", "posture_fix", "pool_shrink", "record_delete", "tombstone_backfill"}
     planned_sessions = sorted(a.subject for a in plan.actions if a.kind == "session_delete")
     assert planned_sessions == sorted(u for uids in sandbox.run.expected_orphans.values() for u in uids)
 
@@ -244,10 +304,12 @@ def test_remediate_dry_run_then_apply_with_the_confirmation_parameter(sandbox: A
     assert remediated.dry_run_state["records"] == remediated.before["records"]
     assert remediated.dry_run_state["posture"] == remediated.before["posture"]
     for name, found in remediated.dry_run_sessions.items():
-        assert set(sandbox.run.expected_orphans[name]) <= set(found)
+        assert set(sandbox.run.expected_orphans.get(name, [])) <= set(found)
     assert f"Dry run, nothing was sent: {len(plan.actions)} would-write." in stream_text(remediated.dry_run)
     assert f"set confirm = '{plan.id[:8]}'" in stream_text(remediated.dry_run)
-    assert not remediated.dry_run_journaled
+    assert remediated.dry_run_wrote == []  # not even the run directory
+    dry_record = outputs_html(review_cell(remediated.dry_run))
+    assert f"Dry run</b> of plan <code>{plan.id}</code>" in dry_record and "Apply</b>" not in dry_record
 
     # the apply: orphans gone (a fresh scan), live sessions intact, pools at policy, posture fixed
     snapshot = take_snapshot(config)
@@ -258,7 +320,7 @@ def test_remediate_dry_run_then_apply_with_the_confirmation_parameter(sandbox: A
             assert target["orphans"] == {"confirmed": 0, "suspected": 0}, target["name"]
     for name, url in gateway_urls(sandbox).items():
         now = sessions(url)
-        assert not set(sandbox.run.expected_orphans[name]) & set(now)
+        assert not set(sandbox.run.expected_orphans.get(name, [])) & set(now)
         assert {s: now[s] for s in sandbox.run.live_sessions[name]} == sandbox.run.live_sessions[name]
     state = emulator_state(sandbox)
     assert over_policy(state, config.policy) == []
@@ -268,21 +330,40 @@ def test_remediate_dry_run_then_apply_with_the_confirmation_parameter(sandbox: A
     assert deleted and not deleted & {row["name"] for row in state["records"]}
     assert state["totals"]["parked_workers"] < remediated.before["totals"]["parked_workers"]
 
-    # the journal: one outcome per action, all done, and the closing tally
+    # the journal: one outcome per action, all done (a backfill may find its tombstones there already), and
+    # the closing tally
     journal = Journal(remediated.journal)
     outcomes = journal.outcomes(plan.id)
     assert sorted(outcomes) == sorted(a.id for a in plan.actions)
-    assert {r["outcome"] for r in outcomes.values()} == {"done"}
+    by_kind = {a.id: a.kind for a in plan.actions}
+    assert {r["outcome"] for i, r in outcomes.items() if by_kind[i] != "tombstone_backfill"} == {"done"}
+    assert {r["outcome"] for i, r in outcomes.items() if by_kind[i] == "tombstone_backfill"} <= \
+        {"done", "already-done"}
     ends = [r for r in journal.read() if r.get("event") == "apply-end" and r.get("plan_id") == plan.id]
-    assert [e["tally"]["done"] for e in ends] == [len(plan.actions)]
+    assert [e["tally"]["done"] + e["tally"]["already-done"] for e in ends] == [len(plan.actions)]
+    tally = expected_tally(remediated)
+
+    # the files went to the default run directory, ./gatewayscope-runs/<UTC time>/ under the notebook's folder:
+    # nothing new next to the notebooks, nothing new for git
+    written = {p.name for p in remediated.journal.parent.iterdir()} - {"remediate.journal.jsonl.lock"}
+    assert written == {f"plan-{plan.id}.json", "remediate.journal.jsonl"}
+    assert remediated.run_dir.name.endswith("Z") and remediated.run_dir.parent == NOTEBOOKS / RUNS
+    assert remediated.git_status[1] == remediated.git_status[0]
+    assert remediated.beside_notebooks[1] == remediated.beside_notebooks[0]
 
     # the executed notebook is the record: the tally, the verification, the live progress bar at its end
     text = stream_text(remediated.notebook)
-    assert f"{len(plan.actions)} done, {TAIL}" in text
+    assert tally in text
+    # and, under the review, the static record the later cells' runs rewrote: the dry run, then the apply
+    record = outputs_html(review_cell(remediated.notebook))
+    journal_path = f"{RUNS}/{remediated.run_dir.name}/remediate.journal.jsonl"
+    assert record.count("<li>") == 2 and record.index("Dry run</b>") < record.index("Apply</b>")
+    assert f"<code>{tally}</code>" in record and f"<code>{journal_path}</code>" in record
+    assert all(f"<td>{a.id}</td>" in record for a in plan.actions)
     models = widget_models(remediated.notebook)
     bars = [m["state"] for m in models if m["model_name"] == "IntProgressModel"]
     assert [(b["value"], b["max"]) for b in bars] == [(len(plan.actions), len(plan.actions))]
-    assert any(f"{len(plan.actions)} done, {TAIL}" in str(m["state"].get("value", "")) for m in models
+    assert any(tally in str(m["state"].get("value", "")) for m in models
                if m["model_name"] == "HTMLModel")
 
 
@@ -331,7 +412,17 @@ def test_screenshot_of_the_executed_notebook_shows_the_plan_and_the_tally(remedi
     dom = run_chromium(["--virtual-time-budget=5000", "--dump-dom", page.as_uri()], tmp_path / "profile-dom")
     assert '<table class="actions">' in dom  # plan.html.j2's action table, as 'gatewayscope show' renders it
     assert all(f"<td>{a.id}</td>" in dom for a in plan.actions)
-    assert f"{len(plan.actions)} done, {TAIL}" in dom  # the tally
+    tally = expected_tally(remediated)
+    assert tally in dom  # the tally
+
+    # offline and without widget state, the export still shows the record of what was done
+    import copy
+
+    bare = copy.deepcopy(notebook)
+    bare.metadata.pop("widgets")
+    bare_body, _ = HTMLExporter(template_name="lab").from_notebook_node(bare)
+    assert WIDGET_STATE not in bare_body
+    assert "Record of this notebook" in bare_body and f"<code>{tally}</code>" in bare_body
 
     shot = artifacts / "remediate.png"
     shot.unlink(missing_ok=True)
