@@ -54,6 +54,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    from gatewayscope.notebook.lab import write_lab_config
     from gatewayscope.render import render
     from gatewayscope.sandbox.demo import GUARDED_SQLITE, Sandbox, demo_plan, notebook_command, plan_preview
     from gatewayscope.scan import scan_report, take_snapshot
@@ -104,6 +105,8 @@ def run_demo(args: argparse.Namespace) -> int:
             out.write(f"\nPrometheus metrics: {run.exporter_url}/metrics  (one target: "
                       f"{run.exporter_url}/probe?target=bifrost; landing page {run.exporter_url}/)\n")
 
+        # JupyterLab saves the review widgets' state with the notebook only with this setting on
+        lab = write_lab_config(run.workdir / "jupyter-config")
         plan_path = run.workdir / "plan.json"
         plan = demo_plan(snapshot, config, out=plan_path, deleted_ids=deleted)
         out.write("\nThe plan these findings call for (written, NOT applied):\n")
@@ -116,7 +119,7 @@ def run_demo(args: argparse.Namespace) -> int:
             f"  review:   gatewayscope show {plan_path}\n"
             f"  dry run:  gatewayscope apply {plan_path} --config {run.config_path}\n"
             f"  apply:    gatewayscope apply {plan_path} --config {run.config_path} --yes{deletes}\n"
-            f"\nNotebooks (triage, remediate) on this sandbox:\n  {notebook_command(run.config_path)}\n"
+            f"\nNotebooks (triage, remediate) on this sandbox:\n  {notebook_command(run.config_path, lab_config=lab)}\n"
             f"Scan again: gatewayscope scan --config {run.config_path}\n"
         )
         if args.once and not args.workdir:

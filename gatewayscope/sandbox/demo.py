@@ -424,11 +424,14 @@ def notebooks_folder() -> Path | None:
     return folder if (folder / "triage.ipynb").exists() else None
 
 
-def notebook_command(config_path: str | Path, *, as_root: bool | None = None) -> str:
+def notebook_command(config_path: str | Path, *, as_root: bool | None = None,
+                     lab_config: str | Path | None = None) -> str:
     """The shell command that opens the notebooks on ``config_path`` (JupyterLab from this environment).
 
     JupyterLab refuses to start as root unless told ``--allow-root``, so the command carries it when the
     user running the demo is root (``as_root``; default: whether this process's effective uid is 0).
+    ``lab_config`` is a folder made by :func:`gatewayscope.notebook.write_lab_config`, put on
+    ``JUPYTER_CONFIG_PATH`` so that JupyterLab saves the widgets' state with a notebook.
     """
     folder = notebooks_folder()
     where = shlex.quote(str(folder)) if folder else "notebooks/"
@@ -437,6 +440,8 @@ def notebook_command(config_path: str | Path, *, as_root: bool | None = None) ->
     prefix = f"GATEWAYSCOPE_CONFIG={shlex.quote(str(config_path))}"
     if os.environ.get("GATEWAYSCOPE_CONFIG") == str(config_path):
         prefix = ""
+    if lab_config is not None:
+        prefix = f"{prefix} JUPYTER_CONFIG_PATH={shlex.quote(str(lab_config))}".strip()
     if as_root is None:
         as_root = hasattr(os, "geteuid") and os.geteuid() == 0
     allow_root = " --allow-root" if as_root else ""

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gatewayscope.notebook.lab import write_lab_config
 from gatewayscope.sandbox import demo
 from gatewayscope.sandbox.demo import notebook_command
 from gatewayscope.sandbox.processes import ManagedProcess, free_port
@@ -37,6 +38,9 @@ def test_the_flag_follows_the_effective_user(monkeypatch: pytest.MonkeyPatch, tm
     assert notebook_command(config, as_root=True) == as_root
     assert notebook_command(config, as_root=False) == as_user
     assert shlex.split(as_user)[0] == f"GATEWAYSCOPE_CONFIG={config}"
+    lab_config = tmp_path / "jupyter config"
+    assert shlex.split(notebook_command(config, as_root=False, lab_config=lab_config))[:2] == [
+        f"GATEWAYSCOPE_CONFIG={config}", f"JUPYTER_CONFIG_PATH={lab_config}"]
 
 
 def test_a_hostile_config_path_stays_one_shell_word(tmp_path: Path) -> None:
@@ -64,12 +68,17 @@ def test_the_printed_command_starts_jupyterlab(tmp_path: Path) -> None:
         pytest.skip("needs a checkout with notebooks/ and JupyterLab in this environment (the 'notebook' extra)")
     config = tmp_path / "gatewayscope.toml"
     config.write_text("")
-    command = notebook_command(config)  # as the demo prints it for whoever runs this test
+    # as the demo prints it for whoever runs this test, with the JupyterLab defaults it writes
+    command = notebook_command(config, lab_config=write_lab_config(tmp_path / "jupyter-config"))
     lab, url = _start_lab(command, tmp_path, "printed")
     try:
         lab.wait_http(f"{url}/api", timeout=START_TIMEOUT)
         assert "version" in httpx.get(f"{url}/api", timeout=10).json()
         assert lab.running()
+        # the widget manager saves widget state with the notebook: the setting's default, from the folder
+        settings = httpx.get(f"{url}/lab/api/settings/@jupyter-widgets/jupyterlab-manager:plugin", timeout=10)
+        assert settings.status_code == 200, settings.text[:300]
+        assert settings.json()["schema"]["properties"]["saveState"]["default"] is True
     finally:
         lab.stop()
 
