@@ -223,6 +223,13 @@ def test_an_apply_report_prints_its_tally_line_and_counts_its_outcomes() -> None
     ])
     assert str(report) == "2 done, 1 refused, 0 unconfirmed, 0 gone, 0 stale, 0 already-done"
     assert report.counts == {"done": 2, "refused": 1, "unconfirmed": 0, "gone": 0, "stale": 0, "already-done": 0}
+    dry = gs.ApplyReport(plan_id="p", dry_run=True, results=[
+        ActionResult("a00001", "pool_shrink", "bf", "r1", outcome="would-write"),
+        ActionResult("a00002", "pool_shrink", "bf", "r2", outcome="would-write"),
+        ActionResult("a00003", "session_delete", "rl", "s1", outcome="stale"),
+    ])
+    assert str(dry) == "dry run, nothing was sent: 2 would-write, 1 stale"
+    assert str(gs.ApplyReport(plan_id="p", dry_run=True)) == "dry run, nothing was sent: no action"
 
 
 def test_the_policy_is_recorded_the_same_way_in_the_report_and_the_plan(emu: BifrostEmulator) -> None:

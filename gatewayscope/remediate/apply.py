@@ -111,7 +111,8 @@ class ActionResult:
 
 @dataclass
 class ApplyReport:
-    """What an apply did: ``str(report)`` is the tally line, ``report.counts`` the tally."""
+    """What an apply did: ``str(report)`` is the tally line (a dry run's says what its checks found),
+    ``report.counts`` the tally."""
 
     plan_id: str
     dry_run: bool
@@ -138,7 +139,14 @@ class ApplyReport:
         return ", ".join(f"{n} {outcome}" for outcome, n in self.tally().items())
 
     def __str__(self) -> str:
-        return self.tally_line()
+        if not self.dry_run:
+            return self.tally_line()
+        # a dry run sends nothing: its line counts what each check found, never "0 done"
+        found: dict[str, int] = {}
+        for result in self.results:
+            found[result.outcome] = found.get(result.outcome, 0) + 1
+        counted = ", ".join(f"{n} {outcome}" for outcome, n in sorted(found.items(), key=lambda item: -item[1]))
+        return f"dry run, nothing was sent: {counted or 'no action'}"
 
     @property
     def skipped(self) -> list[ActionResult]:
