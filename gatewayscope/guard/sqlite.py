@@ -8,8 +8,12 @@ orphan index's two tables and three triggers, below):
 ``gatewayscope_tombstones``
     one row per deleted session id: ``session_id`` (primary key), ``deleted_at``, ``dropped_writes``,
     ``last_dropped_at``, plus ``seq`` (insertion order, for the FIFO cap), ``source``
-    (``delete`` or ``backfill``), ``last_dropped_trace_id`` and ``pending_trace_id`` (bookkeeping that
-    makes one dropped ``store_trace`` count once).
+    (``delete`` or ``backfill``), ``last_dropped_trace_id``, and ``pending_trace_id`` (unused since guard
+    schema 3; kept so a file installed by an older gatewayscope keeps its table as it is).
+``gatewayscope_pending_drops``
+    ``(session_id, trace_id)`` of each trace row the trace trigger refused until its junction row comes
+    (bookkeeping that makes one dropped ``store_trace`` count once, however the gateway interleaves the
+    statements of two writes of one session); a tombstone that goes takes its rows with it.
 ``gatewayscope_guard``
     key/value: ``schema_version``, ``installed_at``, ``capacity``, ``tombstones`` (the live count, kept
     by triggers so nothing ever counts the table), ``dropped_writes_total``, ``evicted_total``.
@@ -76,7 +80,7 @@ from gatewayscope.guard.common import GuardStats
 from gatewayscope.sources._batches import batches
 
 #: version of the tables and triggers below; install refuses a file installed by a newer gatewayscope
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: default FIFO capacity of the tombstone table (the in-memory guard's ``max_tombstones`` default too)
 DEFAULT_CAPACITY = 1_000_000
 #: seconds a write here waits for the gateway's lock before giving up
@@ -95,6 +99,8 @@ INDEX_FILL_PAGE = 2_000
 
 TOMBSTONES_TABLE = "gatewayscope_tombstones"
 META_TABLE = "gatewayscope_guard"
+#: the trace rows the trace trigger refused whose junction row has not come yet, per (session, trace id)
+PENDING_TABLE = "gatewayscope_pending_drops"
 #: the orphan index: per session, its trace count and first and last trace time, kept by triggers
 INDEX_TABLE = "gatewayscope_sessions"
 #: one row: the number of sessions in the index and the sum of their trace counts
@@ -114,6 +120,12 @@ CREATE TABLE {TOMBSTONES_TABLE} (
     last_dropped_trace_id TEXT,
     pending_trace_id TEXT
 )""",
+    PENDING_TABLE: f"""
+CREATE TABLE {PENDING_TABLE} (
+    session_id TEXT NOT NULL,
+    trace_id TEXT NOT NULL,
+    PRIMARY KEY (session_id, trace_id)
+) WITHOUT ROWID""",
     META_TABLE: f"""
 CREATE TABLE {META_TABLE} (
     key TEXT PRIMARY KEY,
@@ -172,8 +184,10 @@ BEGIN
     UPDATE {META_TABLE} SET value = value + 1 WHERE key = 'dropped_writes_total';
     UPDATE {TOMBSTONES_TABLE}
        SET dropped_writes = dropped_writes + 1, last_dropped_at = {_NOW},
-           last_dropped_trace_id = NEW.trace_id, pending_trace_id = NEW.trace_id
+           last_dropped_trace_id = NEW.trace_id
      WHERE session_id = json_extract(NEW.data, '$.session_id');
+    INSERT OR IGNORE INTO {PENDING_TABLE} (session_id, trace_id)
+    VALUES (json_extract(NEW.data, '$.session_id'), NEW.trace_id);
     SELECT RAISE(IGNORE);
 END""",
     "gatewayscope_drop_session_link": f"""
@@ -182,12 +196,15 @@ BEFORE INSERT ON trace_sessions
 WHEN EXISTS (SELECT 1 FROM {TOMBSTONES_TABLE} WHERE session_id = NEW.session_id)
 BEGIN
     UPDATE {META_TABLE} SET value = value + 1 WHERE key = 'dropped_writes_total'
-       AND (SELECT pending_trace_id FROM {TOMBSTONES_TABLE} WHERE session_id = NEW.session_id)
-           IS NOT NEW.trace_id;
+       AND NOT EXISTS (SELECT 1 FROM {PENDING_TABLE}
+                        WHERE session_id = NEW.session_id AND trace_id = NEW.trace_id);
     UPDATE {TOMBSTONES_TABLE}
-       SET dropped_writes = dropped_writes + (pending_trace_id IS NOT NEW.trace_id),
-           last_dropped_at = {_NOW}, last_dropped_trace_id = NEW.trace_id, pending_trace_id = NULL
+       SET dropped_writes = dropped_writes + NOT EXISTS (SELECT 1 FROM {PENDING_TABLE}
+                                                          WHERE session_id = NEW.session_id
+                                                            AND trace_id = NEW.trace_id),
+           last_dropped_at = {_NOW}, last_dropped_trace_id = NEW.trace_id
      WHERE session_id = NEW.session_id;
+    DELETE FROM {PENDING_TABLE} WHERE session_id = NEW.session_id AND trace_id = NEW.trace_id;
     DELETE FROM traces WHERE trace_id = NEW.trace_id
        AND NOT EXISTS (SELECT 1 FROM trace_sessions WHERE trace_id = NEW.trace_id);
     SELECT RAISE(IGNORE);
@@ -206,6 +223,7 @@ CREATE TRIGGER gatewayscope_tombstones_after_delete
 AFTER DELETE ON {TOMBSTONES_TABLE}
 BEGIN
     UPDATE {META_TABLE} SET value = value - 1 WHERE key = 'tombstones';
+    DELETE FROM {PENDING_TABLE} WHERE session_id = OLD.session_id;
 END""",
     # the orphan index: one UPSERT by primary key per junction row written, kept in step with the totals row
     "gatewayscope_index_on_insert": f"""

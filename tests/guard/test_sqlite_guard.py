@@ -13,6 +13,7 @@ import hashlib
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,30 @@ def test_trace_data_without_the_session_id_still_leaves_no_orphan_row(gw: Gatewa
     assert guard.status(db).dropped_writes == 2  # once each, though the trace trigger let them pass
     assert tombstones(db)["A"] == 2
     assert fk_violations(db) == []
+
+
+def test_two_interleaved_writes_of_one_tombstoned_session_count_once_each(gw: Gateway, db: Path) -> None:
+    """The gateway's two statements of one write (the trace row, then its junction row) can interleave with
+    another write's of the same session: each dropped write still counts once (it counted twice when the
+    triggers remembered one pending trace per session), and no bookkeeping row stays behind."""
+    seed_sessions(gw)
+    guard.install(db)
+    gw.delete("A")
+    conn = raw(db)
+    try:
+        for trace_id in ("p1", "p2"):  # both trace rows first ...
+            conn.execute("INSERT OR REPLACE INTO traces (trace_id, data, created_at) VALUES (?, ?, ?)",
+                         (trace_id, json.dumps(trace_data(trace_id, "A")), time.time()))
+        for trace_id in ("p1", "p2"):  # ... then both junction rows
+            conn.execute("INSERT OR IGNORE INTO trace_sessions (trace_id, session_id, created_at) VALUES (?, ?, ?)",
+                         (trace_id, "A", time.time()))
+        pending = conn.execute(f"SELECT COUNT(*) FROM {guard.PENDING_TABLE}").fetchone()[0]
+    finally:
+        conn.close()
+    assert "A" not in gw.sessions()
+    assert guard.status(db).dropped_writes == 2
+    assert tombstones(db)["A"] == 2
+    assert pending == 0
 
 
 def test_refused_trace_row_does_not_violate_the_foreign_key(gw: Gateway, db: Path) -> None:
