@@ -29,7 +29,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class ManagedProcess:
-    """A child process with its output captured to a file, stopped as a group."""
+    """A child process with its output captured to a file, stopped as a group (the file removed then)."""
+
+    #: how much of the output stays readable after the process is stopped
+    KEPT_OUTPUT_BYTES = 4 * 1024 * 1024
 
     def __init__(self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
                  cwd: str | Path | None = None) -> None:
@@ -37,6 +40,7 @@ class ManagedProcess:
         self.argv = list(argv)
         self.log_path = Path(tempfile.mkstemp(prefix=f"gatewayscope-{name}-", suffix=".log")[1])
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._final_output: str | None = None
         merged_env = dict(os.environ)
         if env:
             merged_env.update(env)
@@ -53,7 +57,10 @@ class ManagedProcess:
         return self.popen.poll() is None
 
     def output(self) -> str:
-        """What the process printed so far (for error messages and test failures)."""
+        """What the process printed so far (for error messages and test failures); after :meth:`stop`, the
+        last ``KEPT_OUTPUT_BYTES`` of it (the log file is gone by then)."""
+        if self._final_output is not None:
+            return self._final_output
         if not self._log.closed:
             self._log.flush()
         try:
@@ -94,6 +101,16 @@ class ManagedProcess:
                 self.popen.wait(timeout=grace)
         if not self._log.closed:
             self._log.close()
+        if self._final_output is None:
+            # the log file goes with the process: keep its tail for whoever asks for the output afterwards
+            try:
+                with open(self.log_path, "rb") as log:
+                    log.seek(max(0, os.path.getsize(self.log_path) - self.KEPT_OUTPUT_BYTES))
+                    self._final_output = log.read().decode(errors="replace")
+            except OSError:
+                self._final_output = ""
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
 
     def __enter__(self) -> ManagedProcess:
         return self
