@@ -16,6 +16,20 @@ REQUIRED_COLUMNS: dict[str, set[str]] = {
     "trace_sessions": {"trace_id", "session_id", "created_at"},
 }
 
+#: one page of per-session figures after a key: (session_id, trace count, first and last trace time), over the
+#: gateway's (session_id, created_at) index in key order, every row a whole session; the full scan and the
+#: guard's index fill read the same figures
+SESSION_PAGE_SQL = """
+    SELECT session_id, COUNT(*), MIN(created_at), MAX(created_at)
+    FROM trace_sessions
+    WHERE session_id > ?
+    GROUP BY session_id
+    ORDER BY session_id
+    LIMIT ?
+"""
+#: the first page starts AT the smallest key: an empty session id is a session too
+FIRST_SESSION_PAGE_SQL = SESSION_PAGE_SQL.replace("session_id > ?", "session_id >= ?")
+
 #: what to do with a file that holds none of the gateway's tables yet (the guard's commands say it)
 _FIRST_REQUEST_HINT = ("the gateway creates its tables on its first request, so start it with this --db-path, "
                        "send one request (e.g. GET /sessions) and install again")

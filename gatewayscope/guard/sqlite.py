@@ -73,7 +73,7 @@ from typing import Any
 
 from gatewayscope._sqlite.locking import Transaction, Writer, WriterProbe, open_descriptors, retry_while_locked
 from gatewayscope._sqlite.open import open_store, store_error
-from gatewayscope._sqlite.schema import check_trace_store
+from gatewayscope._sqlite.schema import FIRST_SESSION_PAGE_SQL, SESSION_PAGE_SQL, check_trace_store
 from gatewayscope._sqlite.statements import StatementWatch, fetch_all
 from gatewayscope.errors import ConfigError, StoreError
 from gatewayscope.guard.common import GuardStats
@@ -165,6 +165,30 @@ _COUNT = _META_SQL.format(key="tombstones")
 _CAPACITY = _META_SQL.format(key="capacity")
 _EXCESS = f"(CASE WHEN {_CAPACITY} > 0 AND {_COUNT} > {_CAPACITY} THEN {_COUNT} - {_CAPACITY} ELSE 0 END)"
 
+#: the orphan index's share of a junction row written: the totals and one UPSERT by primary key
+_INDEX_ADD_NEW = f"""
+    UPDATE {TOTALS_TABLE} SET traces = traces + 1,
+           sessions = sessions + NOT EXISTS (SELECT 1 FROM {INDEX_TABLE} WHERE session_id = NEW.session_id)
+     WHERE id = 1;
+    INSERT INTO {INDEX_TABLE} (session_id, trace_count, first_trace_at, last_trace_at)
+    VALUES (NEW.session_id, 1, NEW.created_at, NEW.created_at)
+    ON CONFLICT (session_id) DO UPDATE SET trace_count = trace_count + 1,
+           first_trace_at = MIN(first_trace_at, excluded.first_trace_at),
+           last_trace_at = MAX(last_trace_at, excluded.last_trace_at);
+"""
+#: ... and of a junction row gone: the session's entry goes with its last row; otherwise one less, its first and
+#: last times read again from the gateway's (session_id, created_at) index (two seeks)
+_INDEX_REMOVE_OLD = f"""
+    UPDATE {TOTALS_TABLE} SET traces = traces - 1,
+           sessions = sessions - (SELECT trace_count <= 1 FROM {INDEX_TABLE} WHERE session_id = OLD.session_id)
+     WHERE id = 1 AND EXISTS (SELECT 1 FROM {INDEX_TABLE} WHERE session_id = OLD.session_id);
+    DELETE FROM {INDEX_TABLE} WHERE session_id = OLD.session_id AND trace_count <= 1;
+    UPDATE {INDEX_TABLE} SET trace_count = trace_count - 1,
+           first_trace_at = (SELECT MIN(created_at) FROM trace_sessions WHERE session_id = OLD.session_id),
+           last_trace_at = (SELECT MAX(created_at) FROM trace_sessions WHERE session_id = OLD.session_id)
+     WHERE session_id = OLD.session_id;
+"""
+
 _TRIGGERS: dict[str, str] = {
     "gatewayscope_tombstone_on_delete": f"""
 CREATE TRIGGER gatewayscope_tombstone_on_delete
@@ -230,52 +254,18 @@ END""",
 CREATE TRIGGER gatewayscope_index_on_insert
 AFTER INSERT ON trace_sessions
 BEGIN
-    UPDATE {TOTALS_TABLE} SET traces = traces + 1,
-           sessions = sessions + NOT EXISTS (SELECT 1 FROM {INDEX_TABLE} WHERE session_id = NEW.session_id)
-     WHERE id = 1;
-    INSERT INTO {INDEX_TABLE} (session_id, trace_count, first_trace_at, last_trace_at)
-    VALUES (NEW.session_id, 1, NEW.created_at, NEW.created_at)
-    ON CONFLICT (session_id) DO UPDATE SET trace_count = trace_count + 1,
-           first_trace_at = MIN(first_trace_at, excluded.first_trace_at),
-           last_trace_at = MAX(last_trace_at, excluded.last_trace_at);
-END""",
-    # a session's last row gone: its entry goes; otherwise one less, its first and last times read again from the
-    # gateway's (session_id, created_at) index (two seeks)
+{_INDEX_ADD_NEW}END""",
     "gatewayscope_index_on_delete": f"""
 CREATE TRIGGER gatewayscope_index_on_delete
 AFTER DELETE ON trace_sessions
 BEGIN
-    UPDATE {TOTALS_TABLE} SET traces = traces - 1,
-           sessions = sessions - (SELECT trace_count <= 1 FROM {INDEX_TABLE} WHERE session_id = OLD.session_id)
-     WHERE id = 1 AND EXISTS (SELECT 1 FROM {INDEX_TABLE} WHERE session_id = OLD.session_id);
-    DELETE FROM {INDEX_TABLE} WHERE session_id = OLD.session_id AND trace_count <= 1;
-    UPDATE {INDEX_TABLE} SET trace_count = trace_count - 1,
-           first_trace_at = (SELECT MIN(created_at) FROM trace_sessions WHERE session_id = OLD.session_id),
-           last_trace_at = (SELECT MAX(created_at) FROM trace_sessions WHERE session_id = OLD.session_id)
-     WHERE session_id = OLD.session_id;
-END""",
+{_INDEX_REMOVE_OLD}END""",
     # the gateway never updates a junction row; any other writer that does is counted as a delete and an insert
     "gatewayscope_index_on_update": f"""
 CREATE TRIGGER gatewayscope_index_on_update
 AFTER UPDATE OF session_id, created_at ON trace_sessions
 BEGIN
-    UPDATE {TOTALS_TABLE} SET traces = traces - 1,
-           sessions = sessions - (SELECT trace_count <= 1 FROM {INDEX_TABLE} WHERE session_id = OLD.session_id)
-     WHERE id = 1 AND EXISTS (SELECT 1 FROM {INDEX_TABLE} WHERE session_id = OLD.session_id);
-    DELETE FROM {INDEX_TABLE} WHERE session_id = OLD.session_id AND trace_count <= 1;
-    UPDATE {INDEX_TABLE} SET trace_count = trace_count - 1,
-           first_trace_at = (SELECT MIN(created_at) FROM trace_sessions WHERE session_id = OLD.session_id),
-           last_trace_at = (SELECT MAX(created_at) FROM trace_sessions WHERE session_id = OLD.session_id)
-     WHERE session_id = OLD.session_id;
-    UPDATE {TOTALS_TABLE} SET traces = traces + 1,
-           sessions = sessions + NOT EXISTS (SELECT 1 FROM {INDEX_TABLE} WHERE session_id = NEW.session_id)
-     WHERE id = 1;
-    INSERT INTO {INDEX_TABLE} (session_id, trace_count, first_trace_at, last_trace_at)
-    VALUES (NEW.session_id, 1, NEW.created_at, NEW.created_at)
-    ON CONFLICT (session_id) DO UPDATE SET trace_count = trace_count + 1,
-           first_trace_at = MIN(first_trace_at, excluded.first_trace_at),
-           last_trace_at = MAX(last_trace_at, excluded.last_trace_at);
-END""",
+{_INDEX_REMOVE_OLD}{_INDEX_ADD_NEW}END""",
 }
 
 #: names of every object the guard adds to the gateway's file (all dropped by ``uninstall``)
@@ -647,15 +637,6 @@ def _install_objects(conn: sqlite3.Connection, txn: Transaction, name: str, capa
     )
 
 
-#: one fill page: the sessions after a key, with the figures the full scan reads (its ``_PAGE_SQL``)
-_FILL_PAGE_SQL = """
-    SELECT session_id, COUNT(*), MIN(created_at), MAX(created_at)
-    FROM trace_sessions
-    WHERE session_id > ?
-    GROUP BY session_id
-    ORDER BY session_id
-    LIMIT ?
-"""
 
 
 def _fill_index(conn: sqlite3.Connection, writer: Writer, *,
@@ -680,9 +661,10 @@ def _fill_index(conn: sqlite3.Connection, writer: Writer, *,
             if page == 1:
                 # the gateway's rowids only grow: the largest one is an estimate of the rows to read
                 (estimate,) = conn.execute("SELECT IFNULL(MAX(rowid), 0) FROM trace_sessions").fetchone()
-            # the first page starts AT the smallest key: an empty session id is a session too
+            # the full scan's page (the first one starts AT the smallest key: an empty session id is a session too)
             after = "session_id >= ?" if page == 1 else "session_id > ?"
-            rows = conn.execute(_FILL_PAGE_SQL.replace("session_id > ?", after), (last, INDEX_FILL_PAGE)).fetchall()
+            rows = conn.execute(FIRST_SESSION_PAGE_SQL if page == 1 else SESSION_PAGE_SQL,
+                                (last, INDEX_FILL_PAGE)).fetchall()
             final = len(rows) < INDEX_FILL_PAGE
             bound, args = ((after, (last,)) if final
                            else (f"{after} AND session_id <= ?", (last, rows[-1][0])))

@@ -23,7 +23,7 @@ import polars as pl
 
 from gatewayscope._sqlite.locking import WriterProbe, one_reader_per_file, open_descriptors
 from gatewayscope._sqlite.open import open_store, store_error
-from gatewayscope._sqlite.schema import check_trace_store
+from gatewayscope._sqlite.schema import FIRST_SESSION_PAGE_SQL, SESSION_PAGE_SQL, check_trace_store
 from gatewayscope._sqlite.statements import STATEMENT_SECONDS, StatementWatch, fetch_all, fetch_for
 from gatewayscope.config import Policy, Target
 from gatewayscope.snapshot import (
@@ -44,17 +44,6 @@ TRACE_BATCH = 999
 #: than a session row: the JSON of its data is parsed; together still a fraction of a millisecond of work; a
 #: long prompt makes its row dearer)
 TRACE_CHUNK = 16
-
-_PAGE_SQL = """
-    SELECT session_id, COUNT(*), MIN(created_at), MAX(created_at)
-    FROM trace_sessions
-    WHERE session_id > ?
-    GROUP BY session_id
-    ORDER BY session_id
-    LIMIT ?
-"""
-#: the first page starts AT the smallest key: an empty session id is a session too
-_FIRST_PAGE_SQL = _PAGE_SQL.replace("session_id > ?", "session_id >= ?")
 
 #: a candidate's traces in two steps: their ids and rowids from the indexes (session order), then the rows
 #: themselves in rowid order, which is the order they lie in the file (far fewer seeks on a cold page cache)
@@ -116,7 +105,7 @@ def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, 
     GROUP BY walks the index in key order and emits a session once its last row is counted), so the next page
     starts after the last session read.
     """
-    last, sql = "", _FIRST_PAGE_SQL
+    last, sql = "", FIRST_SESSION_PAGE_SQL
     while True:
         if page_seconds is None:
             rows, _ = fetch_all(conn, sql, (last, page_size), busy_timeout=busy_timeout, watch=watch)
@@ -130,7 +119,7 @@ def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, 
         yield rows
         if ended:
             return
-        last, sql = rows[-1][0], _PAGE_SQL
+        last, sql = rows[-1][0], SESSION_PAGE_SQL
 
 
 def current_weight_version(conn: sqlite3.Connection, *, busy_timeout: float = 10.0,
