@@ -15,7 +15,9 @@ cannot be sure the rows up to the watermark are the ones it counted:
   so does a guard install or uninstall, and any CREATE or DROP);
 * ``rows``: the row at the watermark is gone or is another row (SQLite hands the largest rowid plus one to the
   next insert, so a deleted top row's rowid comes back with other content), or the count of the rows up to the
-  watermark differs from the last read's (a delete anywhere). The count is read in rowid ranges of at most about
+  watermark differs from the last read's (a delete anywhere), or so does their digest (``_DIGEST``, a sum over
+  the rows' times: once the top rows went, rows written later take their rowids, so the same count can hold
+  other rows). The count is read in rowid ranges of at most about
   ``STATEMENT_SECONDS`` of lock each, like every other statement on the gateway's file. A row changed in place
   (an UPDATE, which the gateway never does) is seen only by the next full read, ``interval`` at the latest.
 
@@ -72,9 +74,15 @@ OWN_TABLE_PREFIX = "gatewayscope_"
 _CHECK_SPAN = 32_768
 _CHECK_SPAN_BOUNDS = (1_024, 4_194_304)
 
+#: one row's share of the digest of the rows up to the watermark: its time in whole milliseconds, modulo a prime
+#: (exact integer sums, whatever the ranges they are summed in). Rows deleted and others written in their rowids
+#: since the last read (possible once the top rows went) change it unless their times agree to the millisecond
+#: modulo the prime; it costs one multiplication and one remainder a row.
+_DIGEST = "CAST(created_at * 1000 AS INTEGER) % 1000003"
+
 #: a full read's page: the scan's session page (same index, same order) of the rows up to the watermark
-_PAGE_SQL = """
-    SELECT session_id, COUNT(*), MIN(created_at), MAX(created_at)
+_PAGE_SQL = f"""
+    SELECT session_id, COUNT(*), MIN(created_at), MAX(created_at), SUM({_DIGEST})
     FROM trace_sessions
     WHERE session_id > ? AND rowid <= ?
     GROUP BY session_id
@@ -85,8 +93,8 @@ _PAGE_SQL = """
 _FIRST_PAGE_SQL = _PAGE_SQL.replace("session_id > ?", "session_id >= ?")
 _TOP_SQL = "SELECT rowid, trace_id, session_id, created_at FROM trace_sessions ORDER BY rowid DESC LIMIT 1"
 _ROW_SQL = "SELECT trace_id, session_id, created_at FROM trace_sessions WHERE rowid = ?"
-_CHECK_SQL = "SELECT COUNT(*) FROM trace_sessions WHERE rowid > ? AND rowid <= ?"
-_LINKS_AFTER_SQL = ("SELECT rowid, trace_id, session_id, created_at FROM trace_sessions WHERE rowid > ? "
+_CHECK_SQL = f"SELECT COUNT(*), IFNULL(SUM({_DIGEST}), 0) FROM trace_sessions WHERE rowid > ? AND rowid <= ?"
+_LINKS_AFTER_SQL = (f"SELECT rowid, trace_id, session_id, created_at, {_DIGEST} FROM trace_sessions WHERE rowid > ? "
                     "ORDER BY rowid LIMIT ?")
 _TRACES_AFTER_SQL = "SELECT rowid, trace_id FROM traces WHERE rowid > ? ORDER BY rowid LIMIT ?"
 _TRACES_TOP_SQL = "SELECT MAX(rowid) FROM traces"
@@ -100,6 +108,8 @@ class Watermark:
     #: (trace_id, session_id, created_at) of the row at ``rowid``
     identity: tuple[Any, ...] | None
     count: int
+    #: the sum of the rows' ``_DIGEST``
+    digest: int
 
 
 @dataclass
@@ -253,7 +263,7 @@ class IncrementalStore:
         links_rowid = int(top[0][0]) if top else 0
         identity = tuple(top[0][1:]) if top else None
         pages: list[pl.DataFrame] = []
-        count = 0
+        count = digest = 0
         last, sql = "", _FIRST_PAGE_SQL
         while True:  # bounded: each page moves ``last`` forward through the finitely many session ids
             rows, ended = fetch_for(run.conn, sql, (last, links_rowid, SESSION_PAGE),
@@ -262,6 +272,7 @@ class IncrementalStore:
             if rows:  # every row is a whole session (see iter_session_pages)
                 pages.append(_sessions_frame(rows))
                 count += sum(int(row[1]) for row in rows)
+                digest += sum(int(row[4]) for row in rows)
                 last, sql = rows[-1][0], _PAGE_SQL
             if not rows or (ended and len(rows) < SESSION_PAGE):
                 break
@@ -274,7 +285,7 @@ class IncrementalStore:
             info = os.stat(run.path)
         self.state = StoreState(
             file=(info.st_dev, info.st_ino), size=info.st_size, schema_version=schema_version, tables=tables,
-            links=Watermark(links_rowid, identity, count), traces_rowid=traces_rowid,
+            links=Watermark(links_rowid, identity, count, digest), traces_rowid=traces_rowid,
             sessions=sessions, candidates=kept, full_at=started,
         )
         return _data(run, sessions, candidates, kept)
@@ -289,7 +300,7 @@ class IncrementalStore:
         delta: list[tuple[Any, ...]] = []
         for rows in run.after(_LINKS_AFTER_SQL, links.rowid):
             delta += rows
-        if any(not isinstance(sid, str) or not isinstance(created, float) for _, _, sid, created in delta):
+        if any(not isinstance(sid, str) or not isinstance(created, float) for _, _, sid, created, _ in delta):
             return None  # a row the gateway would not write: leave it to the full read's own figures
         traces_rowid = _traces_top(run)
         replaced: set[str] = set()
@@ -299,7 +310,7 @@ class IncrementalStore:
         sessions = state.sessions
         touched: set[str] = set()
         if delta:
-            sessions = merge_sessions(sessions, [(sid, created) for _, _, sid, created in delta])
+            sessions = merge_sessions(sessions, [(sid, created) for _, _, sid, created, _ in delta])
             touched = {row[2] for row in delta}
         candidates = _candidate_ids(sessions, policy, now=now)
         kept: dict[str, list[tuple[Any, ...]]] = {}
@@ -310,7 +321,8 @@ class IncrementalStore:
         present = _existing_trace_ids(run, [row[1] for rows in kept.values() for row in rows])
         kept = {sid: rows for sid, rows in kept.items() if all(row[1] in present for row in rows)}
         kept.update(_read_candidates(run, [sid for sid in candidates if sid not in kept]))
-        new_links = (Watermark(int(delta[-1][0]), tuple(delta[-1][1:]), links.count + len(delta)) if delta
+        new_links = (Watermark(int(delta[-1][0]), tuple(delta[-1][1:4]), links.count + len(delta),
+                               links.digest + sum(int(row[4]) for row in delta)) if delta
                      else links)
         self.state = StoreState(
             file=state.file, size=max(state.size, _size(run.path)), schema_version=state.schema_version,
@@ -334,10 +346,11 @@ def _traces_top(run: _Read) -> int:
 
 def _same_rows(run: _Read, links: Watermark) -> bool:
     """Whether the rows up to ``links.rowid`` are still the ones counted: the row at the watermark (looked at
-    before and after the count, so a top row deleted and written again meanwhile is seen) and their count."""
+    before and after the count, so a top row deleted and written again meanwhile is seen), their count and their
+    digest (rows deleted and others written in their rowids)."""
     if _row_at(run, links.rowid) != links.identity:
         return False
-    return _count_upto(run, links.rowid) == links.count and _row_at(run, links.rowid) == links.identity
+    return _count_upto(run, links.rowid) == (links.count, links.digest) and _row_at(run, links.rowid) == links.identity
 
 
 def _row_at(run: _Read, rowid: int) -> tuple[Any, ...] | None:
@@ -345,19 +358,20 @@ def _row_at(run: _Read, rowid: int) -> tuple[Any, ...] | None:
     return tuple(rows[0]) if rows else None
 
 
-def _count_upto(run: _Read, upto: int) -> int:
-    """COUNT of the ``trace_sessions`` rows with rowid <= ``upto``, in rowid ranges each sized to hold the lock
-    about half of STATEMENT_SECONDS."""
-    count = 0
+def _count_upto(run: _Read, upto: int) -> tuple[int, int]:
+    """COUNT and digest (``_DIGEST``) of the ``trace_sessions`` rows with rowid <= ``upto``, in rowid ranges each
+    sized to hold the lock about half of STATEMENT_SECONDS."""
+    count = digest = 0
     low, span = 0, _CHECK_SPAN
     while low < upto:  # bounded: every turn moves ``low`` up by at least the smallest span
         high = min(upto, low + span)
         rows, held = fetch_all(run.conn, _CHECK_SQL, (low, high), busy_timeout=run.wait, watch=run.watch)
         count += int(rows[0][0])
+        digest += int(rows[0][1])
         low = high
         scale = (STATEMENT_SECONDS / 2) / held if held > 0 else 2.0
         span = max(_CHECK_SPAN_BOUNDS[0], min(_CHECK_SPAN_BOUNDS[1], int(span * min(2.0, scale))))
-    return count
+    return count, digest
 
 
 def merge_sessions(sessions: pl.DataFrame, rows: Iterable[tuple[str, float]]) -> pl.DataFrame:

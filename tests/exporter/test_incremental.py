@@ -218,6 +218,35 @@ def test_a_change_it_cannot_follow_is_read_in_full(store: Path, gateway_flavor: 
     assert inc.last == ("incremental", None)
 
 
+def test_rows_rewritten_in_the_rowids_of_deleted_ones_are_read_in_full(tmp_path: Path, gateway_flavor: Any) -> None:
+    """Once the top rows are deleted, later writes take their rowids: a session deleted, a trace re-stored
+    twice and a new session can leave the same count up to the watermark and the very same row at it, with
+    other rows below. The digest of the rows' times sees it; the read is full and right."""
+    path = tmp_path / "traces.db"
+    _gateway_schema(path, gateway_flavor.python)
+    conn = writer(path)
+    try:
+        store_trace(conn, "a", "A", NOW - 200)
+        store_trace(conn, "p", "P", NOW - 190)  # rowid 2
+        store_trace(conn, "y0", "Q", NOW - 180)  # rowid 3
+        store_trace(conn, "t", "B", NOW - 170)  # rowid 4: the watermark
+        delete_session(conn, "P")  # a gap at rowid 2 before the first read
+        inc = IncrementalStore()
+        assert_same(read(inc, path), full(path))
+        delete_session(conn, "Q")  # rowid 3 goes
+        store_trace(conn, "t", "B", NOW - 170)  # re-stored: its junction row comes back at rowid 2
+        store_trace(conn, "y1", "R", NOW - 100)  # rowid 3
+        store_trace(conn, "t", "B", NOW - 170)  # again: back at rowid 4, the same row as at the first read
+        rows = conn.execute("SELECT rowid, trace_id, session_id FROM trace_sessions ORDER BY rowid").fetchall()
+    finally:
+        conn.close()
+    assert rows == [(1, "a", "A"), (3, "y1", "R"), (4, "t", "B")]
+    data = read(inc, path)
+    assert inc.last == ("full", "rows")
+    assert sorted(data.sessions["session_id"].to_list()) == ["A", "B", "R"]
+    assert_same(data, full(path))
+
+
 def test_the_interval_bounds_the_time_between_full_reads(store: Path) -> None:
     clock = Clock()
     inc = IncrementalStore(full_read_interval_seconds=600, clock=clock)
