@@ -278,7 +278,8 @@ class ReadMarkSeal:
         if not probes_supported() or not hasattr(fcntl, "F_OFD_SETLK"):
             return cls(None)
         try:
-            info = os.stat(f"{Path(path).expanduser()}-shm")
+            # beside the file itself, as SQLite opens it (connect() resolves links)
+            info = os.stat(f"{Path(path).expanduser().resolve()}-shm")
         except OSError:
             return cls(None)
         identity = (info.st_dev, info.st_ino)

@@ -166,14 +166,21 @@ def _stop(proc: subprocess.Popen[str]) -> str:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the seal packs Linux's struct flock")
+@pytest.mark.parametrize("named", ["by-its-path", "through-a-symlink"])
 def test_in_wal_mode_the_writer_waits_for_another_process_read_so_its_write_from_that_read_goes_through(
-        tmp_path: Path) -> None:
+        tmp_path: Path, named: str) -> None:
     """Another process's read is open: committing now would fail its next write from that read at once
-    (SQLITE_BUSY_SNAPSHOT). The writer waits until the read has ended; the other process's write goes through."""
-    db = tmp_path / "wal.db"
+    (SQLITE_BUSY_SNAPSHOT). The writer waits until the read has ended; the other process's write goes through.
+    A store named through a symlink is sealed too (SQLite's -shm lies beside the file the link points to)."""
+    (tmp_path / "real").mkdir()
+    db = tmp_path / "real" / "wal.db"
     make_file(db, wal=True)
+    name = db
+    if named == "through-a-symlink":
+        name = tmp_path / "link.db"
+        name.symlink_to(db)
     other = _python(_READ_THEN_WRITE, db)
-    conn, writer = writer_on(db, busy_timeout=30)
+    conn, writer = writer_on(name, busy_timeout=30)
     done = threading.Event()
     failures: list[BaseException] = []
 
