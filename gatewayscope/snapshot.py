@@ -93,6 +93,9 @@ class TraceStoreData:
     #: guard's orphan index); None when ``sessions`` lists every session
     session_total: int | None = None
     trace_total: int | None = None
+    #: with an index read: the session ids the read was asked to include beside the candidates (those given as
+    #: deleted before); the findings can confirm no other deleted id (see :func:`gatewayscope.findings`)
+    also_read: frozenset[str] = frozenset()
 
     @property
     def session_count(self) -> int:
@@ -181,7 +184,8 @@ class Snapshot:
                     "access": data.access,
                 }
                 if data.session_total is not None:  # only for index reads: other manifests keep their bytes
-                    entry["trace_store"].update(session_total=data.session_total, trace_total=data.trace_total)
+                    entry["trace_store"].update(session_total=data.session_total, trace_total=data.trace_total,
+                                                also_read=sorted(data.also_read))
             if snap.bifrost is not None:
                 bif = snap.bifrost
                 prefix = f"t{index}"
@@ -232,6 +236,7 @@ class Snapshot:
                     access=ts_entry.get("access", "rest"),
                     session_total=ts_entry.get("session_total"),
                     trace_total=ts_entry.get("trace_total"),
+                    also_read=frozenset(str(sid) for sid in ts_entry.get("also_read") or ()),
                 )
             if bif_entry:
                 snap.bifrost = BifrostData(

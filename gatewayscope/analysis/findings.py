@@ -23,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from gatewayscope._text import terminal_safe
 from gatewayscope.analysis.orphans import ORPHANS_SCHEMA, find_orphans, orphans_by_task, trace_store_summary
 from gatewayscope.analysis.pools import (
     BootEstimate,
@@ -34,6 +35,7 @@ from gatewayscope.analysis.pools import (
 )
 from gatewayscope.analysis.posture import SAFE_POSTURE, posture_drift
 from gatewayscope.config import DEFAULT_MEMORY_LIMIT_BYTES, Config, Policy
+from gatewayscope.errors import GatewayscopeError
 from gatewayscope.snapshot import (
     REACHABILITY_SCHEMA,
     RECORDS_SCHEMA,
@@ -259,6 +261,25 @@ def _posture_rows(found: TargetFindings) -> list[dict[str, Any]]:
     return rows
 
 
+def _check_index_reads(snapshot: Snapshot, deleted: Collection[str]) -> None:
+    """A store read from the guard's orphan index holds only the candidate sessions and the ones the read was
+    asked for: a deleted id it was not asked for may be back unseen, so confirming orphans needs the ids at read
+    time. Raises GatewayscopeError saying so, rather than confirm fewer orphans than there are."""
+    if not deleted:
+        return
+    for snap in snapshot.targets:
+        data = snap.trace_store
+        if data is None or data.session_total is None:
+            continue
+        unread = sorted(sid for sid in deleted if sid not in data.also_read)
+        if unread:
+            raise GatewayscopeError(
+                f"{terminal_safe(snap.name)} was read from its guard's orphan index, which holds only the orphan "
+                f"candidates, without {len(unread):,} of the session ids given as deleted (such as "
+                f"{terminal_safe(repr(unread[0]))}): take the snapshot with them, so their sessions are read "
+                "(take_snapshot(config, also_sessions=deleted_ids); gatewayscope plan --deleted-from does).")
+
+
 def findings(snapshot: Snapshot, config: Config, *, deleted_ids: Collection[str] = ()) -> Findings:
     """The findings of every target of ``snapshot`` under ``config``'s policy, as of ``snapshot.taken_at``.
 
@@ -289,6 +310,7 @@ def findings(snapshot: Snapshot, config: Config, *, deleted_ids: Collection[str]
     """
     policy = dataclasses.replace(config.policy, warnings=list(config.policy.warnings))
     deleted: Collection[str] = dict(deleted_ids) if isinstance(deleted_ids, Mapping) else frozenset(deleted_ids)
+    _check_index_reads(snapshot, deleted)
     limits = {t.name: t.memory_limit_bytes for t in config.targets}
     now = snapshot.taken_at
     targets = tuple(

@@ -316,4 +316,5 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
         access="sqlite",
         session_total=indexed.sessions if indexed is not None else None,
         trace_total=indexed.traces if indexed is not None else None,
+        also_read=frozenset(also or ()) if indexed is not None else frozenset(),
     )

@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from gatewayscope.config import Config, Policy, Target
+from gatewayscope.errors import GatewayscopeError
 from gatewayscope.remediate.apply import ApplyOptions, apply_plan
 from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import build_plan
@@ -86,9 +87,13 @@ def test_guarded_gateway_orphans_are_tombstoned_before_they_are_deleted(guarded_
 
     # plan: the orphans are confirmed by the rollouts' own deletes; the guard is seen, so tombstones come first
     config = Config(targets=[Target(name="guarded", kind="rllm", url=url)], policy=Policy())
-    snapshot = take_snapshot(config)
+    # the launcher's orphan index holds only idle candidates: the deleted ids are named to the read
+    snapshot = take_snapshot(config, also_sessions=run.deleted_uids)
     store = snapshot.targets[0].trace_store
     assert store is not None and store.guard is not None, "the scan must see the launcher's guard"
+    assert store.session_total is not None, "the scan must read the launcher's orphan index"
+    with pytest.raises(GatewayscopeError, match="also_sessions"):  # never fewer orphans without a word
+        build_plan(take_snapshot(config), config, deleted_ids=run.deleted_uids)
     plan = build_plan(snapshot, config, deleted_ids=run.deleted_uids)
     assert [a.kind for a in plan.actions] == ["tombstone_backfill"] + ["session_delete"] * N_STRAGGLERS
     assert plan.actions[0].after == {"session_ids": sorted(run.straggler_uids)}

@@ -378,3 +378,23 @@ def test_an_empty_session_id_is_a_session_to_every_read(gw: Gateway, db: Path) -
     entry = both_reads_agree(db)
     assert entry["_index_used"] and entry["sessions"] == 2
     assert [row["session_id"] for row in entry["orphan_sessions"]] == [""]
+
+
+def test_findings_refuse_deleted_ids_an_index_read_was_not_asked_for(gw: Gateway, db: Path, tmp_path: Path) -> None:
+    """An index read holds the candidates and the ids it was asked for: given other deleted ids, the findings
+    say how to read them instead of confirming fewer orphans; the ids asked for survive a snapshot's round trip."""
+    from gatewayscope.errors import GatewayscopeError
+
+    build(gw, db)
+    guard.install(db)
+    config = Config(targets=[Target(name="store", kind="rllm", path=str(db))], policy=POLICY)
+    now = time.time()
+    blind = Snapshot(taken_at=now, targets=[read(db, now, full=False, deleted_ids=())])
+    with pytest.raises(GatewayscopeError, match=r"also_sessions"):
+        findings(blind, config, deleted_ids={"multi:2"})
+    asked = Snapshot(taken_at=now, targets=[read(db, now, full=False, deleted_ids=("multi:2",))])
+    loaded = Snapshot.load(asked.save(tmp_path / "snap"))
+    for snapshot in (asked, loaded):
+        found = findings(snapshot, config, deleted_ids={"multi:2"})
+        assert found.orphans.filter(pl.col("session_id") == "multi:2")["confidence"].to_list() == ["confirmed"]
+    assert findings(blind, config).counts["orphans"] > 0  # without deleted ids nothing is missing
