@@ -20,6 +20,7 @@ from gatewayscope.config import Config, Policy, Target
 from gatewayscope.exporter.collectors import METRICS
 from gatewayscope.exporter.server import make_server
 from gatewayscope.exporter.settings import ExporterSettings
+from tests.helpers import write_store
 from tests.mixin.mixin_files import (
     DASHBOARDS,
     DEFAULT_JOB_SELECTOR,
@@ -110,9 +111,13 @@ def test_a_build_with_a_cluster_label_passes_promtool_and_the_unit_tests(tmp_pat
 
 
 @pytest.fixture
-def metrics_text() -> Iterator[str]:
-    """A real /metrics answer from the exporter: the Bifrost emulator (small seed) and a guarded rLLM gateway."""
+def metrics_text(tmp_path: Path) -> Iterator[str]:
+    """A real /metrics answer from the exporter: the Bifrost emulator (small seed), a guarded rLLM gateway and an
+    unguarded SQLite trace store (the exporter's store-read counters are only a SQLite file's)."""
     from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_small
+
+    store = tmp_path / "traces.db"
+    write_store(store, {"a:0": 1, "b:0": 2})
 
     def rllm(request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -132,7 +137,8 @@ def metrics_text() -> Iterator[str]:
         seed_small(emulator)
         config = Config(targets=[Target(name="rl-gateway", kind="rllm", url="http://rl.test:9090"),
                                  Target(name="bifrost", kind="bifrost", url=emulator.url),
-                                 Target(name="down", kind="bifrost", url="http://127.0.0.1:9")],
+                                 Target(name="down", kind="bifrost", url="http://127.0.0.1:9"),
+                                 Target(name="rl-file", kind="rllm", path=str(store))],
                         policy=Policy())
         server = make_server(config, ExporterSettings(max_record_series=3), listen="127.0.0.1:0",
                              transports={"rl-gateway": httpx.MockTransport(rllm)}).start()
