@@ -54,8 +54,8 @@ def run_scan(args: argparse.Namespace) -> int:
     found = findings(snapshot, config)
     report = scan_report(found)
     if args.format == "json":
-        json.dump(report, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        # one string, one write: json.dump to a stream writes every token on its own
+        sys.stdout.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(render("scan.txt.j2", report=report, show_orphans=max(0, args.show_orphans)))
         if args.save_snapshot:
