@@ -6,6 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# `make bench BENCH_SCALE=0.1` runs the scaling rows at a tenth of the issue's store sizes (1M, 10M and 100k
+# sessions); BENCH_ARGS passes further flags to `python -m bench` (for example `--only cli-startup`)
+BENCH_SCALE ?= 1
+BENCH_ARGS ?=
 
 # The upstream rLLM gateway (rllm-org/rllm main, rllm-model-gateway/): its own environment, with gatewayscope
 # installed in it too (no extras) so the guarded launcher runs under upstream's Python. When it cannot be
@@ -22,7 +26,7 @@ help:
 	@echo "make demo     - create .venv, start a real rLLM gateway with real stragglers, scan it"
 	@echo "make test     - create .venv (and .venv-upstream), run ruff, mypy and every test"
 	@echo "make lint     - ruff and mypy only"
-	@echo "make bench    - run the benchmarks (prints ratios against bare baselines)"
+	@echo "make bench    - run the benchmarks, print one table (BENCH_SCALE=0.1: smaller stores)"
 	@echo "make upstream - install the upstream rLLM gateway ($(UPSTREAM_ARCHIVE)) into $(UPSTREAM_VENV)"
 
 $(STAMP): pyproject.toml
@@ -67,7 +71,7 @@ test: lint $(UPSTREAM_STAMP)
 	$(BIN)/python -m pytest --doctest-modules gatewayscope tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench --scale $(BENCH_SCALE) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(UPSTREAM_VENV) .pytest_cache .mypy_cache .ruff_cache

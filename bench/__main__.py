@@ -1,4 +1,4 @@
-"""``python -m bench [--small] [--only NAME] [--runs N]``: run the benchmarks, print one table.
+"""``python -m bench [--size SIZE] [--scale F] [--only NAME] [--runs N]``: run the benchmarks, print one table.
 
 Exit status: 0 when every target was met, 1 when one was missed or a benchmark failed, 2 on bad flags.
 """
@@ -14,11 +14,14 @@ from pathlib import Path
 
 from bench.common import (
     IMPORT_ERRORS,
+    OPTIONAL,
     REPO_ROOT,
     BenchContext,
     BenchResult,
     default_cache_dir,
+    details,
     discover,
+    in_table_order,
     machine_facts,
     render_table,
 )
@@ -30,8 +33,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="small fixtures (a quick look; ratios at this size say little)")
     parser.add_argument("--size", choices=("full", "small", "tiny"), dest="size",
                         help="fixture size: full (default, the issue's sizes), small, tiny (smoke test)")
+    parser.add_argument("--scale", type=float, default=1.0, metavar="F",
+                        help="multiply the full-size stores (1M, 10M, 100k sessions) by F, from 0.0001 to 1 "
+                             "(default 1: the issue's sizes)")
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="run only this benchmark (repeatable)")
+    parser.add_argument("--all", action="store_true",
+                        help="also run the optional benchmarks (marked in --list)")
     parser.add_argument("--runs", type=int, metavar="N",
                         help="runs per measured side (default: 3 full, more for small)")
     parser.add_argument("--cache-dir", type=Path, default=None,
@@ -41,6 +49,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.size = args.size or "full"
     if args.runs is not None and not 1 <= args.runs <= 100:
         parser.error("--runs must be from 1 to 100")
+    if not 0.0001 <= args.scale <= 1.0:
+        parser.error("--scale must be from 0.0001 to 1")
     cache = (args.cache_dir or default_cache_dir()).expanduser().resolve()
     if cache == REPO_ROOT or REPO_ROOT in cache.parents:
         parser.error(f"--cache-dir {cache} is inside the repository; keep fixtures out of it")
@@ -52,14 +62,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     registry = discover()
     if args.list:
-        print("\n".join([*registry, *(f"bench.{m} (import failed)" for m in IMPORT_ERRORS)]))
+        print("\n".join([*(f"{name} (optional)" if name in OPTIONAL else name for name in registry),
+                         *(f"bench.{m} (import failed)" for m in IMPORT_ERRORS)]))
         return 0
-    names = args.only or list(registry)
+    names = args.only or in_table_order([name for name in registry if args.all or name not in OPTIONAL])
     unknown = [name for name in names if name not in registry]
     if unknown:
         print(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(registry)}", file=sys.stderr)
         return 2
-    ctx = BenchContext(size=args.size, runs=args.runs, cache_dir=args.cache_dir)
+    ctx = BenchContext(size=args.size, runs=args.runs, cache_dir=args.cache_dir, scale=args.scale)
     before = machine_facts()
     results: list[BenchResult] = []
     if not args.only:
@@ -74,10 +85,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc(file=sys.stderr)
             result = BenchResult(name=name, error=f"{type(err).__name__}: {err}")
         print(f"[bench] {name} took {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        # the row at once too, so an interrupted run keeps what it measured
+        print(render_table([result]).splitlines()[-1], details([result]), sep="\n", file=sys.stderr, flush=True)
         results.append(result)
     print(before.replace("; load average", "; before: load average"))
     print("after: " + machine_facts().rsplit("; ", 1)[-1])
+    print(f"size {ctx.size}, scale {ctx.scale:g}")
+    order = in_table_order([result.name for result in results])
+    results.sort(key=lambda result: order.index(result.name))
     print(render_table(results))
+    print()
+    print(details(results))
     return 0 if all(result.met for result in results) else 1
 
 

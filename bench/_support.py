@@ -204,6 +204,44 @@ def run_gateway() -> Iterator[Gateway]:
         yield Gateway(url=gateway.url, port=int(gateway.url.rsplit(":", 1)[1]), gateway=gateway, worker=worker)
 
 
+def guarded_gateway_argv(port: int, worker_url: str, *, store: str = "memory", db_path: str | None = None,
+                        python: str | None = None) -> list[str]:
+    """The guarded launcher (``python -m gatewayscope.guard.gateway``) with the gateway's own flags, run by
+    ``python`` (default: the interpreter that runs the rLLM gateway, ``$GATEWAYSCOPE_GATEWAY_PYTHON``)."""
+    from gatewayscope.sandbox.processes import gateway_python, python_argv
+
+    argv = python_argv("gatewayscope.guard.gateway", "--host", "127.0.0.1", "--port", str(port), "--store", store,
+                       "--worker", worker_url, "--log-level", "warning", python=python or gateway_python())
+    return argv + (["--db-path", db_path] if db_path else [])
+
+
+@contextlib.contextmanager
+def start_guarded_gateway(worker_url: str, *, store: str = "memory", db_path: str | None = None,
+                          python: str | None = None) -> Iterator[Gateway]:
+    """The guarded launcher in front of ``worker_url`` (its store opened before anything else writes)."""
+    import httpx
+
+    from gatewayscope.sandbox.processes import start_on_free_port
+
+    proc, url = start_on_free_port(
+        "guarded-gateway", lambda p: guarded_gateway_argv(p, worker_url, store=store, db_path=db_path, python=python),
+        health_path="/health", timeout=60.0)
+    try:
+        httpx.get(f"{url}/sessions", params={"limit": 1}, timeout=60.0).raise_for_status()
+        yield Gateway(url=url, port=int(url.rsplit(":", 1)[1]), gateway=proc, worker=None)
+    finally:
+        proc.stop()
+
+
+@contextlib.contextmanager
+def run_guarded_gateway() -> Iterator[Gateway]:
+    """The guarded launcher (memory store) in front of the stub worker, both on loopback."""
+    from gatewayscope.sandbox.processes import start_stub_worker
+
+    with start_stub_worker() as worker, start_guarded_gateway(worker.url) as gateway:
+        yield gateway
+
+
 def rollout_uid() -> str:
     """An rLLM-style task uuid (the task's rollouts are ``f"{uid}:{idx}"``)."""
     return str(uuid.uuid4())

@@ -123,7 +123,8 @@ def bifrost_scan(ctx: BenchContext) -> BenchResult:
     bare_s = median([r["seconds"] for r in bare_runs])
     first = ours_runs[0]
     return BenchResult(
-        name=NAME, ours_seconds=ours_s, baseline_seconds=bare_s,
+        name=NAME, row="Bifrost, 5,000 records: scan + findings / bare GET /api/providers + parse",
+        ours_seconds=ours_s, baseline_seconds=bare_s,
         peak_rss_bytes=max(r["peak_rss"] for r in ours_runs),
         checks=[Check.ratio(ours_s / bare_s, RATIO_TARGET)],
         extras={

@@ -28,6 +28,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,12 +59,22 @@ class BenchContext:
     #: runs per measured side; None lets the benchmark choose (3 full, more when small)
     runs: int | None = None
     cache_dir: Path = field(default_factory=default_cache_dir)
+    #: multiplies the full-size store sizes of the scaling rows (``make bench BENCH_SCALE=0.1``)
+    scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.size not in SIZES:
             raise ValueError(f"size must be one of {', '.join(SIZES)}, got {self.size!r}")
         if self.runs is not None and not 1 <= self.runs <= 100:
             raise ValueError(f"runs must be from 1 to 100, got {self.runs}")
+        if not 0.0001 <= self.scale <= 1.0:
+            raise ValueError(f"scale must be from 0.0001 to 1, got {self.scale}")
+
+    def scaled(self, full: int, small: int, tiny: int, *, least: int = 1) -> int:
+        """A store size: ``full`` times ``scale`` at full size (at least ``least``), else small or tiny."""
+        if self.size == "full":
+            return max(least, round(full * self.scale))
+        return int(self.pick(full, small, tiny))
 
     def pick(self, full: Any, small: Any, tiny: Any) -> Any:
         """The value for this context's size."""
@@ -76,19 +87,20 @@ class BenchContext:
 
 @dataclass(frozen=True)
 class Check:
-    """One target of a benchmark: ``value`` must be at most ``limit``."""
+    """One target of a benchmark: ``value`` must be at most ``limit`` (at least, with ``at_least``)."""
 
     label: str
     value: float
     limit: float
-    unit: str = ""  # "x", "MB", "ms": how both numbers are printed
+    unit: str = ""  # "x", "MB", "ms", "s": how both numbers are printed
+    at_least: bool = False
 
     @property
     def met(self) -> bool:
-        return self.value <= self.limit
+        return self.value >= self.limit if self.at_least else self.value <= self.limit
 
     def show_limit(self) -> str:
-        return f"{self.label}<={_number(self.limit)}{_unit(self.unit)}"
+        return f"{self.label}{'>=' if self.at_least else '<='}{_number(self.limit)}{_unit(self.unit)}"
 
     def show_value(self) -> str:
         return f"{_number(self.value)}{_unit(self.unit)}"
@@ -107,6 +119,8 @@ class BenchResult:
     """One row of the table."""
 
     name: str
+    #: the row of the issue's table this result answers (the table's first column); the name when empty
+    row: str = ""
     ours_seconds: float | None = None
     baseline_seconds: float | None = None
     peak_rss_bytes: int | None = None
@@ -131,19 +145,37 @@ class BenchResult:
         return self.error is None and not self.missed
 
 
+#: the table's row order: issue 17's rows first, then the earlier benchmarks' (others after, as registered)
+TABLE_ORDER = ("sqlite-cli-scan", "sqlite-cli-scan-guarded", "exporter-guarded-10m", "memory-store-scan-guarded",
+               "memory-store-scan", "exporter-unguarded-1m", "guard-chat-memory-0.1.0", "guard-chat-sqlite-0.1.0",
+               "guard-chat-memory-upstream", "guard-chat-sqlite-upstream", "cli-startup", "bifrost-scan",
+               "exporter-metrics-warm", "apply-pool-shrinks", "orphan-session-delete", "exporter-fleet-100",
+               "sqlite-scan")
+
+
+def in_table_order(names: Sequence[str]) -> list[str]:
+    """``names`` in the table's row order."""
+    return sorted(names, key=lambda name: TABLE_ORDER.index(name) if name in TABLE_ORDER else len(TABLE_ORDER))
+
+
 Benchmark = Callable[[BenchContext], BenchResult]
 REGISTRY: dict[str, Benchmark] = {}
+#: benchmarks ``python -m bench`` runs only when named (``--only``) or with ``--all``
+OPTIONAL: set[str] = set()
 #: benchmark modules that failed to import: module name -> the error (each becomes an ERROR row)
 IMPORT_ERRORS: dict[str, str] = {}
 
 
-def register(name: str) -> Callable[[Benchmark], Benchmark]:
-    """Register ``fn`` as the benchmark ``name`` (one table row)."""
+def register(name: str, *, optional: bool = False) -> Callable[[Benchmark], Benchmark]:
+    """Register ``fn`` as the benchmark ``name`` (one table row); an ``optional`` one is left out of a
+    plain ``python -m bench`` run."""
 
     def add(fn: Benchmark) -> Benchmark:
         if name in REGISTRY and REGISTRY[name] is not fn:
             raise ValueError(f"two benchmarks are named {name!r}")
         REGISTRY[name] = fn
+        if optional:
+            OPTIONAL.add(name)
         return fn
 
     return add
@@ -269,7 +301,7 @@ def format_bytes(count: int | None) -> str:
 
 
 def machine_facts() -> str:
-    """One line: cores, CPU model, Python, SQLite, load average (to print with the table: other work
+    """One line: the date (UTC), cores, CPU model, Python, SQLite, load average (to print with the table: other work
     on the machine while a benchmark ran shows up in the load average)."""
     cpu = platform.processor() or platform.machine()
     try:
@@ -284,37 +316,66 @@ def machine_facts() -> str:
         load = "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     except OSError:
         load = "load average unknown"
-    return (f"machine: {os.cpu_count()} cores, {cpu}; Python {platform.python_version()}; "
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return (f"date: {date}; machine: {os.cpu_count()} cores, {cpu}; Python {platform.python_version()}; "
             f"SQLite {sqlite3.sqlite_version}; {load}")
 
 
-COLUMNS = ("benchmark", "ours", "baseline", "ratio", "target", "peak RSS", "extra", "result")
+COLUMNS = ("row", "benchmark", "measured", "goal", "result")
+
+
+def _cell(text: str) -> str:
+    """A table cell: one line, no ``|`` (the table is Markdown as printed)."""
+    return " ".join(text.split()).replace("|", "/")
+
+
+def measured_text(res: BenchResult) -> str:
+    """What a row measured: each check's value, then ours vs the baseline when both were timed."""
+    parts = [f"{check.label} {check.show_value()}" for check in res.checks]
+    if res.ours_seconds is not None and res.baseline_seconds is not None:
+        parts.append(f"({format_seconds(res.ours_seconds)} vs {format_seconds(res.baseline_seconds)})")
+    elif res.ours_seconds is not None:
+        parts.append(f"({format_seconds(res.ours_seconds)})")
+    return " ".join(parts) if parts else "-"
 
 
 def table_rows(results: Sequence[BenchResult]) -> list[tuple[str, ...]]:
     """The table's cells, one tuple per result, in ``COLUMNS`` order."""
     rows = []
     for res in results:
+        row = res.row or res.name
         if res.error is not None:
-            rows.append((res.name, "-", "-", "-", "-", "-", res.error.splitlines()[0][:200], "ERROR"))
+            lines = res.error.strip().splitlines() or ["?"]
+            text = lines[0][:200] + (" ... " + lines[-1][-200:] if len(lines) > 1 else "")
+            rows.append((row, res.name, "-", "-", "ERROR: " + text))
+            continue
+        goal = ", ".join(check.show_limit() for check in res.checks) or "-"
+        verdict = "pass" if res.met else "MISS (" + ", ".join(res.missed) + ")"
+        rows.append((row, res.name, measured_text(res), goal, verdict))
+    return [tuple(_cell(cell) for cell in row) for row in rows]
+
+
+def details(results: Sequence[BenchResult]) -> str:
+    """Below the table, one line per measured row: times, peak RSS and the benchmark's further figures."""
+    lines = []
+    for res in results:
+        if res.error is not None:
             continue
         ratio = res.ratio
-        target = ", ".join(check.show_limit() for check in res.checks) or "-"
-        extras = "; ".join(f"{label} {value}" for label, value in res.extras.items()) or "-"
-        verdict = "met" if res.met else "MISSED (" + ", ".join(res.missed) + ")"
-        rows.append((res.name, format_seconds(res.ours_seconds), format_seconds(res.baseline_seconds),
-                     "-" if ratio is None else f"{ratio:.2f}x", target, format_bytes(res.peak_rss_bytes),
-                     extras, verdict))
-    return rows
+        parts = [f"ours {format_seconds(res.ours_seconds)}", f"baseline {format_seconds(res.baseline_seconds)}",
+                 "ratio " + ("-" if ratio is None else f"{ratio:.2f}x"), f"peak RSS {format_bytes(res.peak_rss_bytes)}",
+                 *(f"{label} {value}" for label, value in res.extras.items())]
+        lines.append(f"- {res.name}: " + "; ".join(_cell(part) for part in parts))
+    return "\n".join(lines)
 
 
 def render_table(results: Sequence[BenchResult]) -> str:
-    """The one table ``python -m bench`` prints (plain text, aligned columns)."""
+    """The one table ``python -m bench`` prints: a Markdown table with aligned columns."""
     rows = [COLUMNS, *table_rows(results)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = []
     for index, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        lines.append("| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |")
         if index == 0:
-            lines.append("  ".join("-" * width for width in widths))
+            lines.append("|" + "|".join("-" * (width + 2) for width in widths) + "|")
     return "\n".join(lines)

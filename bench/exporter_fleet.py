@@ -181,7 +181,8 @@ def exporter_fleet(ctx: BenchContext) -> BenchResult:
     cold_s = median(cold_times)
     per_target_rss = (warm_mem["VmRSS"] - one_rss) / max(1, n_targets - 1)
     return BenchResult(
-        name=NAME, ours_seconds=cold_s, baseline_seconds=bare["seconds"],
+        name=NAME, row="exporter fleet, 100 targets: cold read / bare reads",
+        ours_seconds=cold_s, baseline_seconds=bare["seconds"],
         peak_rss_bytes=int(max(cold_mem["VmHWM"], warm_mem["VmHWM"])),
         extras={
             "targets": f"{n_targets} ({n_targets // 2} rLLM x {SESSIONS} sessions, "

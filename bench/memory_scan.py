@@ -1,30 +1,37 @@
-"""Memory-store scan: ``read_trace_store_http`` + the orphan findings against the real rLLM gateway.
+"""Memory-store scans through the REST API: the unguarded 0.1.0 gateway and the guarded launcher.
 
-What it measures, in one run, against one gateway process:
+Two rows, each against one gateway process in front of the stub worker, filled through its own chat
+route (one call = one trace; there is no other way to write a trace): first the orphans (1.5% of the
+sessions, one trace each), then, 2 s later, the live sessions. The scan's ``now`` is 7,200 s (the
+default idle threshold) plus 1 s after the last orphan, so exactly the orphans are idle past the
+threshold and the live one-trace sessions (rollouts in their first call) are not. A memory store cannot
+be cached: it is built in every run, and the build time is printed.
 
-* the store: the unmodified ``rllm-model-gateway`` 0.1.0 (memory store) in front of the stub worker,
-  filled through its own chat route (one call = one trace; there is no other way to write a trace):
-  first the orphans (1.5% of the sessions, one trace each), then, 2 s later, the live sessions. The
-  scan's ``now`` is 7,200 s (the default idle threshold) plus 1 s after the last orphan, so exactly the
-  orphans are idle past the threshold and the live one-trace sessions (rollouts in their first call)
-  are not. A memory store cannot be cached: it is built in every run, and the build time is printed.
-* ours: ``read_trace_store_http(target, Policy(), now=...)`` (OpenAPI probe, guard probe, ``GET
-  /sessions``, candidate traces through ``POST /traces/query``) + ``find_orphans`` +
-  ``trace_store_summary``, in a fresh child process;
-* baseline: a bare ``GET /sessions`` + ``json.loads`` with httpx, in a fresh child process.
+* ours, both rows: ``read_trace_store_http(target, Policy(), now=...)`` (OpenAPI probe, guard probe, the
+  listing or what the guard serves instead, candidate traces) + ``find_orphans`` + ``trace_store_summary``,
+  in a fresh child process;
+* ``memory-store-scan`` (the unmodified ``rllm-model-gateway`` 0.1.0): baseline a bare ``GET /sessions``
+  + ``json.loads`` and a bare ``POST /traces/query`` of the candidates (the orphans' ids) + ``json.loads``,
+  in a fresh child: the floor any scan of 0.1.0 pays, since 0.1.0 returns traces only whole;
+* ``memory-store-scan-guarded`` (the guarded launcher, ``python -m gatewayscope.guard.gateway --store
+  memory``): baseline a bare ``GET /sessions`` + ``json.loads``, in a fresh child.
 
 Figures are means of alternating runs (see the comment in the benchmark: the gateway's own garbage
 collection makes every side's times bimodal), with the best run of each side shown as well.
 
-Children: ``python -m bench.memory_scan ours URL NOW`` / ``bare URL`` (used by the benchmark only).
+Children: ``python -m bench.memory_scan ours URL NOW`` / ``bare URL [IDS_FILE]`` (used by the benchmark only).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 from bench.common import (
@@ -40,11 +47,15 @@ from bench.common import (
 )
 
 NAME = "memory-store-scan"
+GUARDED_NAME = "memory-store-scan-guarded"
 MODULE = "bench.memory_scan"
-SIZES = {"full": 100_000, "small": 10_000, "tiny": 600}
+SESSIONS = (100_000, 10_000, 600)
 ORPHAN_SHARE = 0.015
 IDLE = 7200.0
-RATIO_TARGET = 1.3
+#: unguarded 0.1.0: scan / (bare listing + bare trace query of the candidates)
+RATIO_TARGET = 1.05
+#: guarded launcher: scan / bare listing
+GUARDED_RATIO_TARGET = 0.2
 #: a run this much slower than its side's best took a gateway GC pause (a pause outlasts a pause-free run)
 PAUSED = 1.5
 
@@ -66,42 +77,47 @@ def _child_ours(url: str, now: float) -> dict[str, Any]:
             "rss_imported": current_rss_bytes()}
 
 
-def _child_bare(url: str) -> dict[str, Any]:
-    import json
-
+def _child_bare(url: str, ids_file: str | None) -> dict[str, Any]:
     import httpx
 
+    ids = json.loads(Path(ids_file).read_text()) if ids_file else None
     start = time.monotonic()
+    traces: list[Any] = []
     with httpx.Client(timeout=600.0) as client:
         rows = json.loads(client.get(f"{url}/sessions").content)
+        if ids is not None:
+            traces = json.loads(client.post(f"{url}/traces/query", json={"session_ids": ids}).content)
     seconds = time.monotonic() - start
-    return {"seconds": seconds, "peak_rss": peak_rss_bytes(), "sessions": len(rows)}
+    return {"seconds": seconds, "peak_rss": peak_rss_bytes(), "sessions": len(rows), "traces": len(traces)}
 
 
 def child_main(argv: Sequence[str]) -> int:
     if len(argv) == 3 and argv[0] == "ours":
         emit(_child_ours(argv[1], float(argv[2])))
-    elif len(argv) == 2 and argv[0] == "bare":
-        emit(_child_bare(argv[1]))
+    elif len(argv) in (2, 3) and argv[0] == "bare":
+        emit(_child_bare(argv[1], argv[2] if len(argv) == 3 else None))
     else:
-        print("usage: python -m bench.memory_scan ours URL NOW | bare URL", file=sys.stderr)
+        print("usage: python -m bench.memory_scan ours URL NOW | bare URL [IDS_FILE]", file=sys.stderr)
         return 2
     return 0
 
 
-@register(NAME)
-def memory_store_scan(ctx: BenchContext) -> BenchResult:
-    """Our REST scan of a memory store behind the real gateway vs a bare GET /sessions + parse."""
-    from bench._support import fill_sessions, rollout_uid, run_gateway
+def measure(ctx: BenchContext, name: str, row: str, launch: Callable[[], AbstractContextManager[Any]], *,
+            query_candidates: bool, target: float) -> BenchResult:
+    """Fill the gateway ``launch`` starts, then alternate our scan and the bare baseline against it."""
+    from bench._support import fill_sessions, rollout_uid
 
-    n_sessions = SIZES[ctx.size]
+    n_sessions = ctx.scaled(*SESSIONS, least=100)
     runs = ctx.runs_or(16, 5, 1)
     n_orphans = max(1, round(n_sessions * ORPHAN_SHARE))
     # task groups of 8 rollouts; the orphans are 1-4 stragglers of some groups (as the seed's race leaves them)
     orphan_ids = [f"{rollout_uid()}:{k % 4}" for k in range(n_orphans)]
     live_ids = [f"{rollout_uid()}:{k}" for _ in range(0, n_sessions - n_orphans, 8) for k in range(8)]
     live_ids = live_ids[:n_sessions - n_orphans]
-    with run_gateway() as gateway:
+    with launch() as gateway, tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        ids_file = Path(tmp) / "candidates.json"
+        ids_file.write_text(json.dumps(orphan_ids))
+        bare_args = [gateway.url, str(ids_file)] if query_candidates else [gateway.url]
         built = fill_sessions(gateway, [(sid, 1) for sid in orphan_ids])
         orphans_done = time.time()
         time.sleep(2.0)
@@ -116,9 +132,10 @@ def memory_store_scan(ctx: BenchContext) -> BenchResult:
             return result
 
         def bare() -> dict[str, Any]:
-            result = run_child(MODULE, "bare", gateway.url)
-            if result["sessions"] != n_sessions:
-                raise BenchError(f"the bare listing holds {result['sessions']} sessions, not {n_sessions}")
+            result = run_child(MODULE, "bare", *bare_args)
+            if result["sessions"] != n_sessions or result["traces"] != (n_orphans if query_candidates else 0):
+                raise BenchError(f"the bare reads returned {result['sessions']} sessions and {result['traces']} "
+                                 f"traces, not {n_sessions} and {n_orphans if query_candidates else 0}")
             return result
 
         bare(), ours()  # warm-up pair (the gateway's first big listing), not counted
@@ -139,8 +156,8 @@ def memory_store_scan(ctx: BenchContext) -> BenchResult:
     paused_bare = sum(r["seconds"] > PAUSED * best_bare for r in bare_runs)
     peak = max(r["peak_rss"] for r in ours_runs)
     return BenchResult(
-        name=NAME, ours_seconds=ours_s, baseline_seconds=bare_s, peak_rss_bytes=peak,
-        checks=[Check.ratio(ours_s / bare_s, RATIO_TARGET)],
+        name=name, row=row.format(sessions=n_sessions), ours_seconds=ours_s, baseline_seconds=bare_s,
+        peak_rss_bytes=peak, checks=[Check.ratio(ours_s / bare_s, target)],
         extras={
             "store": f"{n_sessions:,} sessions ({n_orphans:,} orphans), built through the gateway's chat route "
                      f"in {built:.0f} s ({n_sessions / built:,.0f} calls/s)",
@@ -153,6 +170,25 @@ def memory_store_scan(ctx: BenchContext) -> BenchResult:
             "candidates read": f"{ours_runs[0]['candidates']:,}",
         },
     )
+
+
+@register(NAME)
+def memory_store_scan(ctx: BenchContext) -> BenchResult:
+    """Our REST scan of the unguarded 0.1.0 gateway vs its floor: the bare listing + the candidates' traces."""
+    from bench._support import run_gateway
+
+    return measure(ctx, NAME, "{sessions:,}-session memory store, unguarded 0.1.0: scan / (bare listing + "
+                   "bare trace query of the candidates)", run_gateway, query_candidates=True, target=RATIO_TARGET)
+
+
+@register(GUARDED_NAME)
+def memory_store_scan_guarded(ctx: BenchContext) -> BenchResult:
+    """Our REST scan of a memory store behind the guarded launcher vs a bare GET /sessions + parse."""
+    from bench._support import run_guarded_gateway
+
+    return measure(ctx, GUARDED_NAME, "{sessions:,}-session memory store via the guarded launcher: scan / bare "
+                   "GET /sessions + parse", run_guarded_gateway, query_candidates=False,
+                   target=GUARDED_RATIO_TARGET)
 
 
 if __name__ == "__main__":
