@@ -36,19 +36,28 @@ def register(subparsers: Any) -> None:
 
 
 def run_scan(args: argparse.Namespace) -> int:
-    from gatewayscope.analysis.findings import findings
-    from gatewayscope.render import render
-    from gatewayscope.render.jsontext import dumps_indented
-    from gatewayscope.scan import scan_report, take_snapshot
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gatewayscope.scan import take_snapshot
     from gatewayscope.snapshot import Snapshot
 
+    reading = None
     if args.load_snapshot:
-        snapshot = Snapshot.load(args.load_snapshot)
         config = config_from_args(args, require_targets=False)
     else:
         config = config_from_args(args)
-        # plan fingerprints only when the snapshot is kept (it may be planned from later)
-        snapshot = take_snapshot(config, fingerprints=bool(args.save_snapshot))
+        # The read starts first and the analysis and rendering modules load while it runs: SQLite and the
+        # network wait without the GIL. Plan fingerprints only when the snapshot is kept (it may be planned
+        # from later).
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gatewayscope-scan")
+        reading = pool.submit(take_snapshot, config, fingerprints=bool(args.save_snapshot))
+        pool.shutdown(wait=False)
+    from gatewayscope.analysis.findings import findings
+    from gatewayscope.render import render
+    from gatewayscope.render.jsontext import dumps_indented
+    from gatewayscope.scan import scan_report
+
+    snapshot = reading.result() if reading is not None else Snapshot.load(args.load_snapshot)
     if args.save_snapshot:
         snapshot.save(args.save_snapshot)
     found = findings(snapshot, config)
