@@ -75,8 +75,8 @@ def run_demo(args: argparse.Namespace) -> int:
         _say("waiting for the orphans to go idle past the sandbox's threshold")
         sandbox.wait_until_idle()
         config = load_config(run.config_path)
-        snapshot = take_snapshot(config)
         deleted = run.deleted_ids()  # the cleanup's journal: the sessions it deleted that came back are confirmed
+        snapshot = take_snapshot(config, also_sessions=deleted)  # a guarded store's index read includes them
         report = scan_report(snapshot, config, deleted_ids=deleted)
         out = sys.stdout
         out.write(render("scan.txt.j2", report=report, show_orphans=5))

@@ -179,8 +179,9 @@ def remediated(sandbox: Any, triaged: Triaged, artifacts: Path, kernel_name: str
     """Plan with the core (as CI does with 'gatewayscope plan'), then the notebook: a dry run, a real apply."""
     work = tmp_path_factory.mktemp("remediate")
     config = load_config(sandbox.run.config_path)
-    plan = build_plan(take_snapshot(config), config, include_suspected=True, include_deletes=True,
-                      deleted_ids=sandbox.run.deleted_ids())  # the sandbox's cleanup journal (docs/sandbox.md)
+    deleted = sandbox.run.deleted_ids()  # the sandbox's cleanup journal (docs/sandbox.md)
+    plan = build_plan(take_snapshot(config, also_sessions=deleted), config, include_suspected=True,
+                      include_deletes=True, deleted_ids=deleted)
     plan_path = plan.save(work / "plan.json")
     before = emulator_state(sandbox)
     # no journal_path, no run_dir: the defaults, as a person running the notebook in JupyterLab gets them
