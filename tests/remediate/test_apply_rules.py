@@ -832,7 +832,9 @@ def sqlite_plan(db: Path, **kwargs: Any) -> tuple[Plan, Config]:
     from gatewayscope.scan import take_snapshot
 
     config = Config(targets=[Target(name="store", kind="rllm", path=str(db))], policy=Policy())
-    return build_plan(take_snapshot(config), config, created_at=NOW, **kwargs), config
+    # a guarded store is read from its orphan index: the deleted ids are named to the read
+    snapshot = take_snapshot(config, also_sessions=kwargs.get("deleted_ids", ()))
+    return build_plan(snapshot, config, created_at=NOW, **kwargs), config
 
 
 def test_tombstones_land_before_any_delete_and_a_failed_backfill_stops_the_deletes(tmp_path: Path) -> None:
