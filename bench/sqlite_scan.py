@@ -2,8 +2,9 @@
 
 What it measures, in one run:
 
-* ours: ``read_trace_store_sqlite(target, Policy(), now=...)``, the whole source (session pages, guard
-  probe, weight version, candidate traces), in a fresh child process;
+* ours: ``read_trace_store_sqlite(target, Policy(), now=...)``, the whole source as a scan runs it (the
+  candidates read: session pages aggregated in SQLite, guard probe, weight version, candidate traces), in a
+  fresh child process;
 * baseline: the bare ``SELECT session_id, COUNT(*), MIN(created_at), MAX(created_at) FROM trace_sessions
   GROUP BY session_id`` + ``fetchall()`` with the ``sqlite3`` module, in a fresh child process;
 * while both run, a writer process commits continuously exactly like the gateway (its own
@@ -21,10 +22,10 @@ cached outside the repository, keyed by size and generator version. The writer's
 starting with ``bench-writer-`` and are removed after every run, so the cached store stays as built.
 
 Optional (``--only sqlite-scan`` or ``--all``): its 7 GB store takes long to build, and the CLI rows
-(``bench/cli_scan.py``) measure the scan as a user runs it. Its ``ours`` child is the full scan the
-exporter rows compare against.
+(``bench/cli_scan.py``) measure the scan as a user runs it. Its ``ours-full`` child (every session listed,
+``full=True``, as the exporter's full reads do) is the full scan the exporter rows compare against.
 
-Children: ``python -m bench.sqlite_scan ours|baseline|writer ...`` (used by the benchmarks only).
+Children: ``python -m bench.sqlite_scan ours|ours-full|baseline|writer ...`` (used by the benchmarks only).
 """
 
 from __future__ import annotations
@@ -408,17 +409,17 @@ def longest_wait(commits: Sequence[tuple[float, float]], start: float, end: floa
 # -- children -------------------------------------------------------------------------------------
 
 
-def _child_ours(path: str, now: float) -> dict[str, Any]:
+def _child_ours(path: str, now: float, *, full: bool = False) -> dict[str, Any]:
     from gatewayscope.config import Policy, Target
     from gatewayscope.sources.rllm_sqlite import read_trace_store_sqlite
 
     target = Target(name="bench", kind="rllm", path=path)
     rss_imported = current_rss_bytes()
     start = time.monotonic()
-    data = read_trace_store_sqlite(target, Policy(), now=now)
+    data = read_trace_store_sqlite(target, Policy(), now=now, full=full)
     end = time.monotonic()
     return {"start": start, "end": end, "seconds": end - start, "peak_rss": peak_rss_bytes(),
-            "rss_imported": rss_imported, "sessions": data.sessions.height,
+            "rss_imported": rss_imported, "sessions": data.session_count, "listed": data.sessions.height,
             "candidates": data.candidate_traces.height}
 
 
@@ -476,14 +477,14 @@ def _child_writer(path: str, max_seconds: float) -> dict[str, Any]:
 
 def child_main(argv: Sequence[str]) -> int:
     """Entry point of the children: ``ours PATH NOW``, ``baseline PATH``, ``writer PATH MAX_SECONDS``."""
-    if len(argv) == 3 and argv[0] == "ours":
-        emit(_child_ours(argv[1], float(argv[2])))
+    if len(argv) == 3 and argv[0] in ("ours", "ours-full"):
+        emit(_child_ours(argv[1], float(argv[2]), full=argv[0] == "ours-full"))
     elif len(argv) == 2 and argv[0] == "baseline":
         emit(_child_baseline(argv[1]))
     elif len(argv) == 3 and argv[0] == "writer":
         emit(_child_writer(argv[1], float(argv[2])))
     else:
-        print("usage: python -m bench.sqlite_scan ours PATH NOW | baseline PATH | writer PATH MAX_SECONDS",
+        print("usage: python -m bench.sqlite_scan ours|ours-full PATH NOW | baseline PATH | writer PATH MAX_SECONDS",
               file=sys.stderr)
         return 2
     return 0

@@ -90,11 +90,11 @@ class TraceStoreData:
     #: "rest" or "sqlite"
     access: str = "rest"
     #: the store's session and trace totals when ``sessions`` holds only the candidate sessions (read from the
-    #: guard's orphan index); None when ``sessions`` lists every session
+    #: guard's orphan index, or a SQLite file's candidates read); None when ``sessions`` lists every session
     session_total: int | None = None
     trace_total: int | None = None
-    #: with an index read: the session ids the read was asked to include beside the candidates (those given as
-    #: deleted before); the findings can confirm no other deleted id (see :func:`gatewayscope.findings`)
+    #: with a candidates-only read: the session ids the read was asked to include beside the candidates (those
+    #: given as deleted before); the findings can confirm no other deleted id (see :func:`gatewayscope.findings`)
     also_read: frozenset[str] = frozenset()
 
     @property
@@ -183,7 +183,7 @@ class Snapshot:
                     "capabilities": data.capabilities,
                     "access": data.access,
                 }
-                if data.session_total is not None:  # only for index reads: other manifests keep their bytes
+                if data.session_total is not None:  # only for candidates reads: full listings keep their bytes
                     entry["trace_store"].update(session_total=data.session_total, trace_total=data.trace_total,
                                                 also_read=sorted(data.also_read))
             if snap.bifrost is not None:

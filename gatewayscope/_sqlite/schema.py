@@ -30,6 +30,27 @@ SESSION_PAGE_SQL = """
 #: the first page starts AT the smallest key: an empty session id is a session too
 FIRST_SESSION_PAGE_SQL = SESSION_PAGE_SQL.replace("session_id > ?", "session_id >= ?")
 
+#: one page of the candidates read, aggregated inside SQLite into one row: how many of the next (at most ``?``)
+#: sessions after a key there are, their traces, the last key, and a JSON array of the ids of those with one
+#: trace at or before a time (the scan's candidates; their figures are read by key afterwards, so every time
+#: keeps its exact value). Python handles one row per page instead of one per session. Parameters: the time,
+#: the key, the page size
+CANDIDATE_PAGE_SQL = """
+    SELECT COUNT(*), SUM(n), MAX(session_id),
+           json_group_array(session_id) FILTER (WHERE n = 1 AND last <= ?)
+    FROM (SELECT session_id, COUNT(*) AS n, MAX(created_at) AS last
+          FROM trace_sessions
+          WHERE session_id > ?
+          GROUP BY session_id
+          ORDER BY session_id
+          LIMIT ?)
+"""
+#: the first page starts AT the smallest key, as FIRST_SESSION_PAGE_SQL does
+FIRST_CANDIDATE_PAGE_SQL = CANDIDATE_PAGE_SQL.replace("session_id > ?", "session_id >= ?")
+#: whether this SQLite runs CANDIDATE_PAGE_SQL: aggregate FILTER clauses came in 3.30, the JSON functions are
+#: built in from 3.38 (and usually compiled in before)
+CANDIDATE_PAGE_PROBE_SQL = "SELECT json_group_array(1) FILTER (WHERE 1)"
+
 #: what to do with a file that holds none of the gateway's tables yet (the guard's commands say it)
 _FIRST_REQUEST_HINT = ("the gateway creates its tables on its first request, so start it with this --db-path, "
                        "send one request (e.g. GET /sessions) and install again")

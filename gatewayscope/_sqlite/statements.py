@@ -119,22 +119,51 @@ def fetch_all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *,
     ``STATEMENT_SECONDS + WATCH_GRACE_SECONDS`` after it took the lock is interrupted once (a page cache
     miss: the pages it read are cached by then) and run again unwatched to its end.
     """
-    for watched in (watch, None) if watch is not None else (None,):
-        cursor, started = start(conn, sql, params, busy_timeout)
+    if watch is not None:
+        done = fetch_watched(conn, sql, params, busy_timeout=busy_timeout, watch=watch)
+        if done is not None:
+            return done
+    cursor, started = start(conn, sql, params, busy_timeout)
+    try:
+        rows = cursor.fetchall()
+    finally:
+        cursor.close()
+    return rows, time.monotonic() - started
+
+
+def fetch_watched(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *, busy_timeout: float,
+                  watch: StatementWatch) -> tuple[list[tuple[Any, ...]], float] | None:
+    """Run one read statement to completion as :func:`fetch_all` does, but None when ``watch`` interrupted it
+    ``STATEMENT_SECONDS + WATCH_GRACE_SECONDS`` after it took the lock: the caller decides what to run next.
+
+    The watch is armed before each try for the lock, since the statement's first step runs inside it: all of an
+    aggregate's work is done before its one row comes.
+    """
+    def attempt() -> tuple[sqlite3.Cursor, float]:
+        started = time.monotonic()
+        watch.arm(started + STATEMENT_SECONDS + WATCH_GRACE_SECONDS)
         try:
-            if watched is not None:
-                watched.arm(max(started + STATEMENT_SECONDS, time.monotonic()) + WATCH_GRACE_SECONDS)
-            rows = cursor.fetchall()
-        except sqlite3.OperationalError as err:
-            if watched is None or not _is_interrupt(err):
-                raise
-            continue
-        finally:
-            cursor.close()
-            if watched is not None:
-                watched.arm(None)
-        return rows, time.monotonic() - started
-    raise AssertionError("unreachable: the last try runs unwatched")
+            return conn.execute(sql, params), started
+        except BaseException:
+            watch.arm(None)  # a busy file is tried again with a new deadline
+            raise
+
+    try:
+        cursor, started = retry_while_locked(attempt, busy_timeout)
+    except sqlite3.OperationalError as err:
+        if not _is_interrupt(err):
+            raise
+        return None
+    try:
+        rows = cursor.fetchall()
+    except sqlite3.OperationalError as err:
+        if not _is_interrupt(err):
+            raise
+        return None
+    finally:
+        cursor.close()
+        watch.arm(None)
+    return rows, time.monotonic() - started
 
 
 def fetch_for(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (), *, seconds: float,

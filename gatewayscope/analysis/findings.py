@@ -262,9 +262,10 @@ def _posture_rows(found: TargetFindings) -> list[dict[str, Any]]:
 
 
 def _check_index_reads(snapshot: Snapshot, deleted: Collection[str]) -> None:
-    """A store read from the guard's orphan index holds only the candidate sessions and the ones the read was
-    asked for: a deleted id it was not asked for may be back unseen, so confirming orphans needs the ids at read
-    time. Raises GatewayscopeError saying so, rather than confirm fewer orphans than there are."""
+    """A store read for its candidates (from the guard's orphan index, or a SQLite file aggregated inside SQLite)
+    holds only the candidate sessions and the ones the read was asked for: a deleted id it was not asked for may
+    be back unseen, so confirming orphans needs the ids at read time. Raises GatewayscopeError saying so, rather
+    than confirm fewer orphans than there are."""
     if not deleted:
         return
     for snap in snapshot.targets:
@@ -274,8 +275,8 @@ def _check_index_reads(snapshot: Snapshot, deleted: Collection[str]) -> None:
         unread = sorted(sid for sid in deleted if sid not in data.also_read)
         if unread:
             raise GatewayscopeError(
-                f"{terminal_safe(snap.name)} was read from its guard's orphan index, which holds only the orphan "
-                f"candidates, without {len(unread):,} of the session ids given as deleted (such as "
+                f"{terminal_safe(snap.name)} was read for its orphan candidates only (from its guard's orphan index, "
+                f"or aggregated inside SQLite), without {len(unread):,} of the session ids given as deleted (such as "
                 f"{terminal_safe(repr(unread[0]))}): take the snapshot with them, so their sessions are read "
                 "(take_snapshot(config, also_sessions=deleted_ids); gatewayscope plan --deleted-from does).")
 

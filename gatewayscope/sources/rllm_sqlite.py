@@ -7,6 +7,10 @@ a waiting writer tries again, whatever the machine or the cache: its rows come i
 starts after the last whole session read. Candidate traces are read the same way. Every statement takes its
 lock by fine polling, and reads of one file in this process take turns (see :mod:`gatewayscope._sqlite.locking`).
 
+A scan needs of most sessions only that they exist: unless every session is asked for, the pages aggregate inside
+SQLite (:func:`iter_candidate_pages`: one row per page, sized to hold the lock about half as long) and only the
+candidates are read by key; a guard's ready orphan index spares even that.
+
 The file is opened with ``mode=ro``: gatewayscope never writes to the store from here. The figures of the
 tombstone guard installed in the file come from the ``guard_reader`` the caller passes (the guard owns its
 tables and every statement on them).
@@ -15,6 +19,7 @@ tables and every statement on them).
 from __future__ import annotations
 
 import bisect
+import json
 import sqlite3
 from collections.abc import Collection, Iterator
 from typing import Any, Protocol
@@ -23,8 +28,15 @@ import polars as pl
 
 from gatewayscope._sqlite.locking import WriterProbe, one_reader_per_file, open_descriptors
 from gatewayscope._sqlite.open import open_store, store_error
-from gatewayscope._sqlite.schema import FIRST_SESSION_PAGE_SQL, SESSION_PAGE_SQL, check_trace_store
-from gatewayscope._sqlite.statements import STATEMENT_SECONDS, StatementWatch, fetch_all, fetch_for
+from gatewayscope._sqlite.schema import (
+    CANDIDATE_PAGE_PROBE_SQL,
+    CANDIDATE_PAGE_SQL,
+    FIRST_CANDIDATE_PAGE_SQL,
+    FIRST_SESSION_PAGE_SQL,
+    SESSION_PAGE_SQL,
+    check_trace_store,
+)
+from gatewayscope._sqlite.statements import STATEMENT_SECONDS, StatementWatch, fetch_all, fetch_for, fetch_watched
 from gatewayscope.config import Policy, Target
 from gatewayscope.snapshot import (
     CANDIDATE_TRACES_SCHEMA,
@@ -44,6 +56,23 @@ TRACE_BATCH = 999
 #: than a session row: the JSON of its data is parsed; together still a fraction of a millisecond of work; a
 #: long prompt makes its row dearer)
 TRACE_CHUNK = 16
+
+#: how long one page of the candidates read should hold the read lock. Its one row comes at its end, so it
+#: cannot stop early as fetch_for does: its size is set from the pace of the page before. Half of
+#: STATEMENT_SECONDS: a writer whose first try falls as a page starts finds the lock free at its busy handler's
+#: 18 ms retry
+CANDIDATE_PAGE_SECONDS = STATEMENT_SECONDS / 2
+#: sessions in the first page of the candidates read; a page is at most four times the one before
+FIRST_CANDIDATE_PAGE = 1_000
+
+#: the figures of named sessions (the candidates a candidates read found, the tombstoned and the ``also`` ones)
+_SESSION_ROWS_SQL = """
+    SELECT session_id, COUNT(*), MIN(created_at), MAX(created_at)
+    FROM trace_sessions
+    WHERE session_id IN ({placeholders})
+    GROUP BY session_id
+    ORDER BY session_id
+"""
 
 #: a candidate's traces in two steps: their ids and rowids from the indexes (session order), then the rows
 #: themselves in rowid order, which is the order they lie in the file (far fewer seeks on a cold page cache)
@@ -120,6 +149,48 @@ def iter_session_pages(conn: sqlite3.Connection, page_size: int = SESSION_PAGE, 
         if ended:
             return
         last, sql = rows[-1][0], SESSION_PAGE_SQL
+
+
+def supports_candidate_pages(conn: sqlite3.Connection, *, busy_timeout: float = 10.0) -> bool:
+    """Whether this SQLite runs the candidates read's statement (aggregate FILTER and the JSON functions)."""
+    try:
+        fetch_all(conn, CANDIDATE_PAGE_PROBE_SQL, busy_timeout=busy_timeout)
+    except sqlite3.OperationalError as err:
+        if "locked" in str(err) or "busy" in str(err):
+            raise
+        return False
+    return True
+
+
+def iter_candidate_pages(conn: sqlite3.Connection, idle_before: float, *, busy_timeout: float = 10.0,
+                         watch: StatementWatch | None = None,
+                         page_limit: int = SESSION_PAGE) -> Iterator[tuple[int, int, list[str]]]:
+    """Pages of (sessions, traces, candidate ids) covering every session once, in key order: the ids are those
+    of the one-trace sessions whose trace is at or before ``idle_before``.
+
+    Each page is one statement (``CANDIDATE_PAGE_SQL``) that aggregates inside SQLite, so Python handles one
+    row per page. Its size follows the pace of the page before, aiming at ``CANDIDATE_PAGE_SECONDS`` of lock
+    (at most ``page_limit`` sessions, and four times the page before). With ``watch``, a page still running
+    ``STATEMENT_SECONDS + WATCH_GRACE_SECONDS`` after it took the lock (a page cache miss) is interrupted and
+    tried again a quarter of its size; one of a single session runs unwatched to its end.
+    """
+    last, sql, size = "", FIRST_CANDIDATE_PAGE_SQL, min(FIRST_CANDIDATE_PAGE, page_limit)
+    while True:  # bounded: every page moves ``last`` forward; an interrupted one shrinks to a single session
+        params = (idle_before, last, size)
+        done = (fetch_watched(conn, sql, params, busy_timeout=busy_timeout, watch=watch)
+                if watch is not None and size > 1 else fetch_all(conn, sql, params, busy_timeout=busy_timeout))
+        if done is None:
+            size = max(1, size // 4)
+            continue
+        rows, seconds = done
+        count, traces, top, ids = rows[0]
+        if count:
+            yield int(count), int(traces or 0), [str(sid) for sid in json.loads(ids)]
+        if count < size:
+            return
+        last, sql = top, CANDIDATE_PAGE_SQL
+        pace = max(seconds, 1e-6) / count
+        size = max(1, min(page_limit, size * 4, int(CANDIDATE_PAGE_SECONDS / pace)))
 
 
 def current_weight_version(conn: sqlite3.Connection, *, busy_timeout: float = 10.0,
@@ -231,23 +302,26 @@ def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float, page_
     the lock before the read fails with StoreError. ``guard_reader`` reads the tombstone guard's figures and
     tombstoned sessions (see :class:`GuardReader`); without one the read reports no guard.
 
-    With ``index_reader`` (see :class:`IndexReader`), a store whose guard keeps a ready orphan index is read
-    from it: ``sessions`` then holds only the candidate sessions (one trace, idle past the policy's threshold,
-    and the tombstoned ones), ``session_total`` and ``trace_total`` the store's totals, and the findings are
-    those of a full read; ``also`` names more sessions to include when they exist (the ids the findings will be
-    given as deleted before). ``full=True`` reads every session even then. Which path was taken is decided at
-    read time; without a ready index the full read runs.
+    Unless ``full``, ``sessions`` holds only the candidate sessions (one trace, idle past the policy's
+    threshold, the tombstoned ones, and those of ``also`` that exist: the ids the findings will be given as
+    deleted before), ``session_total`` and ``trace_total`` the store's totals, and the findings are those of
+    a full read. They come from the guard's orphan index when ``index_reader`` (see :class:`IndexReader`)
+    finds one ready; otherwise from a candidates read (:func:`iter_candidate_pages`), which aggregates every
+    session inside SQLite and hands Python only the totals and the candidates' ids. ``full=True`` lists every
+    session in ``sessions`` (as does a SQLite too old for the candidates read). Which path was taken is decided
+    at read time.
     """
     assert target.path, "a SQLite trace-store target needs a path"
     with one_reader_per_file(target.path):
         return _read_trace_store_sqlite(target.path, target.timeout_seconds, policy, now=now, page_size=page_size,
                                         guard_reader=guard_reader, index_reader=None if full else index_reader,
-                                        also=list(also))
+                                        also=list(also), listing=full)
 
 
 def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: float, page_size: int,
                              guard_reader: GuardReader | None,
-                             index_reader: IndexReader | None = None, also: list[str] | None = None) -> TraceStoreData:
+                             index_reader: IndexReader | None = None, also: list[str] | None = None,
+                             listing: bool = True) -> TraceStoreData:
     descriptors = open_descriptors()
     conn = open_store(path, readonly=True, busy_timeout=wait)
     watch: StatementWatch | None = None
@@ -270,7 +344,26 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
                 assert guard_read is not None
                 guard, tombstoned = guard_read
                 sessions = _sessions_frame(indexed.rows) if indexed.rows else empty_frame(SESSIONS_SCHEMA)
+                totals: tuple[int, int] | None = (indexed.sessions, indexed.traces)
+            elif not listing and supports_candidate_pages(conn, busy_timeout=wait):
+                if guard_read is None:
+                    guard_read = (guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
+                                  if guard_reader is not None else (None, []))
+                guard, tombstoned = guard_read
+                session_total = trace_total = 0
+                wanted: list[str] = []
+                for count, traces, ids in iter_candidate_pages(conn, idle_before, busy_timeout=wait, watch=watch,
+                                                               page_limit=page_size):
+                    session_total, trace_total = session_total + count, trace_total + traces
+                    wanted += ids
+                rows = [row for page in _iter_by_session(conn, _SESSION_ROWS_SQL, [*wanted, *tombstoned, *(also or [])],
+                                                         seconds=STATEMENT_SECONDS, busy_timeout=wait, probe=probe,
+                                                         watch=watch)
+                        for row in page]
+                sessions = _sessions_frame(rows) if rows else empty_frame(SESSIONS_SCHEMA)
+                totals = (session_total, trace_total)
             else:
+                totals = None
                 pages: list[pl.DataFrame] = []
                 for rows in iter_session_pages(conn, page_size, busy_timeout=wait, probe=probe, watch=watch):
                     # built between statements: the gateway commits meanwhile
@@ -314,7 +407,7 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
         guard=guard,
         capabilities={"weight_version": weight is not None, "batch_delete": False, "guard": guard is not None},
         access="sqlite",
-        session_total=indexed.sessions if indexed is not None else None,
-        trace_total=indexed.traces if indexed is not None else None,
-        also_read=frozenset(also or ()) if indexed is not None else frozenset(),
+        session_total=totals[0] if totals is not None else None,
+        trace_total=totals[1] if totals is not None else None,
+        also_read=frozenset(also or ()) if totals is not None else frozenset(),
     )

@@ -86,5 +86,5 @@ def test_incremental_reads_follow_the_gateways_writes_and_deletes(rllm_gateway: 
         after = _figures(cache, target)
     counts = cache.counters()["gw"]["store_reads"]
     assert counts["reasons"]["rows"] == 1, counts
-    want = read_trace_store_sqlite(target, policy, now=time.time())
+    want = read_trace_store_sqlite(target, policy, now=time.time(), full=True)
     assert "task-3:0" not in after and after == {sid: n for sid, n, *_ in want.sessions.rows()}

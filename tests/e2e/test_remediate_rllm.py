@@ -137,7 +137,9 @@ def test_unguarded_sqlite_store_orphans_are_deleted_in_the_file(rllm_gateway: An
 
     db = str(gateway.db_path)
     config = Config(targets=[Target(name="store", kind="rllm", path=db)], policy=Policy())
-    plan = build_plan(take_snapshot(config), config, deleted_ids=run.deleted_uids)
+    with pytest.raises(GatewayscopeError, match="also_sessions"):  # the candidates read holds only candidates
+        build_plan(take_snapshot(config), config, deleted_ids=run.deleted_uids)
+    plan = build_plan(take_snapshot(config, also_sessions=run.deleted_uids), config, deleted_ids=run.deleted_uids)
     assert sorted((a.kind, a.subject) for a in plan.actions) == [("session_delete", u) for u in
                                                                  sorted(run.straggler_uids)]
     assert any(w.endswith(f"to stop that: gatewayscope guard install {db}.") for w in plan.warnings)

@@ -95,7 +95,7 @@ def target(path: Path) -> Target:
 
 
 def full(path: Path) -> TraceStoreData:
-    return read_trace_store_sqlite(target(path), POLICY, now=NOW)
+    return read_trace_store_sqlite(target(path), POLICY, now=NOW, full=True)
 
 
 def assert_same(got: TraceStoreData, want: TraceStoreData) -> None:

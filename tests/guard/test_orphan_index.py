@@ -3,8 +3,8 @@ exactly what the full read reports.
 
 Every write and delete goes through rLLM's own ``SqliteTraceStore`` (the SQL the unmodified gateway runs), with its
 connection opened before the guard is installed, as with a running gateway. Each equivalence check reads the same
-file twice, through the index and with ``full=True``, and compares the scan report, the findings' orphans and the
-plan built from them.
+file three times, through the index, with ``full=True`` and with the candidates read a store without the index
+gets, and compares the scan report, the findings' orphans and the plan built from them.
 """
 
 from __future__ import annotations
@@ -59,10 +59,13 @@ def index_matches_store(path: Path) -> None:
     assert totals == [(len(truth), sum(row[1] for row in truth))]
 
 
-def read(path: Path, now: float, *, full: bool, deleted_ids: tuple[str, ...]) -> TargetSnapshot:
+def read(path: Path, now: float, *, full: bool, deleted_ids: tuple[str, ...], index: bool = True) -> TargetSnapshot:
+    """The scan's read (the index when it is ready), the candidates read (``index=False``: as on a store without
+    the index), or every session listed (``full``)."""
     target = Target(name="store", kind="rllm", path=str(path))
-    if full:
-        data = read_trace_store_sqlite(target, POLICY, now=now, guard_reader=guard.read_for_scan, full=True)
+    if full or not index:
+        data = read_trace_store_sqlite(target, POLICY, now=now, guard_reader=guard.read_for_scan, full=full,
+                                       also=deleted_ids)
         return TargetSnapshot(name="store", kind="rllm", address=target.address, up=True, started_at=now,
                               duration_seconds=0.0, trace_store=data)
     snap = read_target(target, POLICY, now=now, also_sessions=deleted_ids)  # the index when it is ready
@@ -72,28 +75,30 @@ def read(path: Path, now: float, *, full: bool, deleted_ids: tuple[str, ...]) ->
 
 
 def both_reads_agree(path: Path, *, deleted_ids: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Scan ``path`` through the index and in full; the report, orphans and plan must be the same. Returns the
-    index read's report entry."""
+    """Scan ``path`` through the index, with the candidates read and in full; the report, orphans and plan must
+    be the same. Returns the index read's report entry."""
     now = time.time()
     config = Config(targets=[Target(name="store", kind="rllm", path=str(path))], policy=POLICY)
     reports, plans, frames, reads = [], [], [], []
-    for full in (False, True):
-        snap = read(path, now, full=full, deleted_ids=deleted_ids)
+    for full, index in ((False, True), (True, True), (False, False)):
+        snap = read(path, now, full=full, deleted_ids=deleted_ids, index=index)
         found = findings(Snapshot(taken_at=now, targets=[snap]), config, deleted_ids=deleted_ids)
         reports.append(scan_report(found))
         frames.append(found.orphans)
         plan = build_plan(found, include_suspected=True, created_at=now).to_dict()
         plans.append({key: value for key, value in plan.items() if key != "id"})
         reads.append(snap.trace_store)
-    indexed, full_read = reads
-    assert indexed is not None and full_read is not None
-    assert full_read.session_total is None
-    assert reports[0] == reports[1]
-    assert frames[0].equals(frames[1])
-    assert plans[0] == plans[1]
-    assert indexed.candidate_traces.sort("trace_id").equals(full_read.candidate_traces.sort("trace_id"))
+    indexed, full_read, candidates = reads
+    assert indexed is not None and full_read is not None and candidates is not None
+    assert full_read.session_total is None and full_read.sessions.height == full_read.session_count
+    assert candidates.session_total is not None
+    for other in (1, 2):
+        assert reports[0] == reports[other]
+        assert frames[0].equals(frames[other])
+        assert plans[0] == plans[other]
+        assert reads[0].candidate_traces.sort("trace_id").equals(reads[other].candidate_traces.sort("trace_id"))
     entry: dict[str, Any] = reports[0]["targets"][0]
-    entry["_index_used"] = indexed.session_total is not None
+    entry["_index_used"] = indexed.guard is not None and indexed.guard.index == "ready"
     entry["_sessions_read"] = indexed.sessions.height
     return entry
 
@@ -324,14 +329,19 @@ def test_trace_writes_fire_one_upsert_each(gw: Gateway, db: Path) -> None:
                 assert "SCAN" not in plan.replace("SCAN CONSTANT ROW", ""), (statement, plan)
 
 
-def test_an_index_read_survives_a_snapshot_round_trip_and_an_unguarded_manifest_is_unchanged(
+def test_index_and_candidates_reads_survive_a_snapshot_round_trip_and_a_full_listings_manifest_is_unchanged(
         gw: Gateway, db: Path, tmp_path: Path) -> None:
     build(gw, db)
     now = time.time()
     config = Config(targets=[Target(name="store", kind="rllm", path=str(db))], policy=POLICY)
-    plain = Snapshot(taken_at=now, targets=[read(db, now, full=False, deleted_ids=())])
-    plain.save(tmp_path / "plain")
-    assert "session_total" not in (tmp_path / "plain" / "manifest.json").read_text()  # as before the index
+    listed = Snapshot(taken_at=now, targets=[read(db, now, full=True, deleted_ids=())])
+    listed.save(tmp_path / "listed")
+    assert "session_total" not in (tmp_path / "listed" / "manifest.json").read_text()  # as before the index
+    plain = Snapshot(taken_at=now, targets=[read(db, now, full=False, deleted_ids=())])  # the candidates read
+    loaded_plain = Snapshot.load(plain.save(tmp_path / "plain"))
+    plain_data = loaded_plain.targets[0].trace_store
+    assert plain_data is not None and (plain_data.session_total, plain_data.trace_total) == (56, 76)
+    assert scan_report(findings(loaded_plain, config)) == scan_report(findings(listed, config))
 
     guard.install(db)
     snapshot = Snapshot(taken_at=now, targets=[read(db, now, full=False, deleted_ids=())])
@@ -358,7 +368,8 @@ def test_the_notebook_scan_reads_the_sessions_it_was_told_were_deleted_from_an_i
 
 
 def test_an_empty_session_id_is_a_session_to_every_read(gw: Gateway, db: Path) -> None:
-    """The full read, the exporter's incremental read and the index fill page by key from the smallest one:
+    """The full read, the candidates read, the exporter's incremental read and the index fill page by key from the
+    smallest one:
     a session whose id is the empty string is read by each (it sorts before every other id)."""
     from gatewayscope.sources.rllm_sqlite_delta import IncrementalStore
 
@@ -368,8 +379,10 @@ def test_an_empty_session_id_is_a_session_to_every_read(gw: Gateway, db: Path) -
     age(db, "", 3 * HOUR)
     target = Target(name="store", kind="rllm", path=str(db))
     now = time.time()
-    full = read_trace_store_sqlite(target, POLICY, now=now)
+    full = read_trace_store_sqlite(target, POLICY, now=now, full=True)
     assert sorted(full.sessions["session_id"].to_list()) == ["", "a:0"]
+    candidates = read_trace_store_sqlite(target, POLICY, now=now)
+    assert candidates.sessions["session_id"].to_list() == [""] and candidates.session_count == 2
     incremental = IncrementalStore().read(target, POLICY, now=now)
     assert incremental is not None
     assert sorted(incremental.sessions["session_id"].to_list()) == ["", "a:0"]

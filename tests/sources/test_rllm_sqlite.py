@@ -22,7 +22,7 @@ from gatewayscope.config import Policy, Target
 from gatewayscope.errors import StoreError
 from gatewayscope.snapshot import GuardStats
 from gatewayscope.sources import rllm_sqlite as source
-from gatewayscope.sources.rllm_sqlite import iter_session_pages, read_trace_store_sqlite
+from gatewayscope.sources.rllm_sqlite import iter_candidate_pages, iter_session_pages, read_trace_store_sqlite
 from tests.helpers import wait_for
 
 rllm_sqlite = pytest.importorskip("rllm_model_gateway.store.sqlite_store")
@@ -71,15 +71,22 @@ def test_reads_sessions_and_candidates_read_only(tmp_path: Path) -> None:
     age(db, "t1:1", 3 * HOUR)
     age(db, "t2:0", 3 * HOUR)
     before = db.read_bytes()
-    data = read_trace_store_sqlite(target(db), Policy(orphan_idle_seconds=2 * HOUR), now=time.time(), page_size=2)
+    policy = Policy(orphan_idle_seconds=2 * HOUR)
+    listed = read_trace_store_sqlite(target(db), policy, now=time.time(), page_size=2, full=True)
+    data = read_trace_store_sqlite(target(db), policy, now=time.time(), page_size=2)  # the candidates read
     assert db.read_bytes() == before, "the source must never write to the store"
-    assert data.sessions.height == 4 and int(data.sessions["trace_count"].sum()) == 6
-    assert sorted(data.candidate_traces["session_id"]) == ["t1:0", "t1:1"]
-    assert data.current_weight_version == 5 and data.capabilities["weight_version"]
-    assert set(data.candidate_traces["prompt_tokens"]) == {30}
-    orphans = find_orphans(data, Policy(orphan_idle_seconds=2 * HOUR, max_weight_lag=2), time.time())
-    # t1:1 is idle but at the current weight version: live, not an orphan
-    assert orphans["session_id"].to_list() == ["t1:0"]
+    assert listed.sessions.height == 4 and int(listed.sessions["trace_count"].sum()) == 6
+    assert listed.session_total is None and listed.session_count == 4 and listed.trace_count == 6
+    assert data.sessions["session_id"].to_list() == ["t1:0", "t1:1"], "the candidates only"
+    assert (data.session_count, data.trace_count) == (4, 6)
+    assert data.sessions.equals(listed.sessions.filter(listed.sessions["session_id"].is_in(["t1:0", "t1:1"])))
+    for read in (data, listed):
+        assert sorted(read.candidate_traces["session_id"]) == ["t1:0", "t1:1"]
+        assert read.current_weight_version == 5 and read.capabilities["weight_version"]
+        assert set(read.candidate_traces["prompt_tokens"]) == {30}
+        orphans = find_orphans(read, Policy(orphan_idle_seconds=2 * HOUR, max_weight_lag=2), time.time())
+        # t1:1 is idle but at the current weight version: live, not an orphan
+        assert orphans["session_id"].to_list() == ["t1:0"]
 
 
 def test_the_guard_figures_come_from_the_guard_reader_the_caller_passes(tmp_path: Path) -> None:
@@ -111,6 +118,53 @@ def test_pages_cover_every_session_exactly_once(tmp_path: Path) -> None:
     assert seen == sorted(ids)
 
 
+def test_candidate_pages_cover_every_session_once_and_pick_the_idle_one_trace_sessions(tmp_path: Path) -> None:
+    db = tmp_path / "traces.db"
+    ids = {f"s{i:03d}:0": 1 + i % 3 for i in range(57)}
+    ids.update({"": 1, "quote'\"; DROP TABLE traces;--": 1, "émoji 🧵:0": 1, "tab\there:1": 2, "[\"json\"]": 1})
+    make_store(db, ids)
+    idle = [sid for sid, count in ids.items() if count == 1 and not sid.startswith("s00")]
+    for sid in idle:
+        age(db, sid, 3 * HOUR)
+    conn = read_only(db)
+    for limit in (1, 7, 100_000):
+        pages = list(iter_candidate_pages(conn, time.time() - 2 * HOUR, page_limit=limit))
+        assert sum(count for count, _, _ in pages) == len(ids)
+        assert sum(traces for _, traces, _ in pages) == sum(ids.values())
+        assert [sid for _, _, found in pages for sid in found] == sorted(idle), "key order, exact ids"
+        assert limit == 100_000 or len(pages) >= len(ids) // limit
+    conn.close()
+
+
+def test_a_candidate_page_stuck_past_its_end_is_tried_smaller_then_left_to_finish(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "traces.db"
+    ids = {f"w{i:03d}:0": 1 for i in range(40)}
+    make_store(db, ids)
+    conn = read_only(db)
+    stalls = iter([0.06, 0.06])  # the first two sessions aggregated take 60 ms each: past the 40 ms watch
+    conn.create_function("stall", 1, lambda n: (time.sleep(next(stalls, 0.0)), n)[1])
+    for name in ("CANDIDATE_PAGE_SQL", "FIRST_CANDIDATE_PAGE_SQL"):
+        monkeypatch.setattr(source, name, getattr(source, name).replace("COUNT(*) AS n", "stall(COUNT(*)) AS n"))
+    with StatementWatch(conn) as watch:
+        pages = list(iter_candidate_pages(conn, time.time(), watch=watch, page_limit=8))
+        assert watch.interrupts == 2, "a page of 8, then of 2, interrupted; then a page of 1 unwatched"
+    conn.close()
+    assert pages[0][0] == 1 and sum(count for count, _, _ in pages) == 40
+    assert [sid for _, _, found in pages for sid in found] == sorted(ids)
+
+
+def test_a_sqlite_without_the_candidates_statement_lists_every_session(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {"a:0": 1, "b:0": 2})
+    age(db, "a:0", 3 * HOUR)
+    monkeypatch.setattr(source, "CANDIDATE_PAGE_PROBE_SQL", "SELECT json_group_array(1) FILTER (WHERE 1) ORDER")
+    data = read_trace_store_sqlite(target(db), Policy(orphan_idle_seconds=HOUR), now=time.time())
+    assert data.session_total is None and sorted(data.sessions["session_id"]) == ["a:0", "b:0"]
+    assert find_orphans(data, Policy(orphan_idle_seconds=HOUR), time.time())["session_id"].to_list() == ["a:0"]
+
+
 def test_works_on_a_wal_file(tmp_path: Path) -> None:
     db = tmp_path / "wal.db"
     make_store(db, {"a:0": 1})
@@ -120,8 +174,9 @@ def test_works_on_a_wal_file(tmp_path: Path) -> None:
         conn.execute("INSERT INTO trace_sessions VALUES ('x', 'b:0', 1.0)")
         conn.commit()
         conn.execute("INSERT INTO trace_sessions VALUES ('x', 'uncommitted:0', 1.0)")  # writer mid-transaction
-        data = read_trace_store_sqlite(target(db), Policy(), now=time.time())
+        data = read_trace_store_sqlite(target(db), Policy(), now=time.time(), full=True)
         assert sorted(data.sessions["session_id"]) == ["a:0", "b:0"]
+        assert read_trace_store_sqlite(target(db), Policy(), now=time.time()).session_count == 2
 
 
 def test_missing_file_folder_and_garbage(tmp_path: Path) -> None:
