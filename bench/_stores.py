@@ -9,7 +9,7 @@ text. Trace ids grow with the row order (each insert appends to the primary-key 
 look like rLLM's ``{uuid}:{rollout}`` and are spread over the key space like real uuids.
 
 A guarded store is a copy of the plain one with ``gatewayscope guard install`` (its function) run on
-it. Its cache key holds a digest of the guard's source, so a change to the guard rebuilds it.
+it. Its cache key holds a digest of the SQLite guard's source (GUARD_SOURCES), so a change to it rebuilds it.
 
 Cached under the cache folder, keyed by sessions, orphans and the generator version; a half-built file
 is never used (built under a temporary name, renamed when done).
@@ -75,11 +75,16 @@ class SlimStore:
                 f"{'guarded, ' if self.guarded else ''}{how}")
 
 
+#: the source a guarded store's contents follow from: the SQLite guard (its tables, triggers and index fill) and
+#: the statements it pages the fill with; the memory launcher's code does not touch the file
+GUARD_SOURCES = ("gatewayscope/guard/sqlite.py", "gatewayscope/guard/common.py", "gatewayscope/_sqlite/schema.py")
+
+
 def guard_digest() -> str:
-    """A digest of the guard's SQLite source: a guarded store built by other guard code is rebuilt."""
+    """A digest of the SQLite guard's source: a guarded store built by other guard code is rebuilt."""
     digest = hashlib.sha256()
-    for path in sorted((REPO_ROOT / "gatewayscope" / "guard").glob("*.py")):
-        digest.update(path.read_bytes())
+    for name in GUARD_SOURCES:
+        digest.update((REPO_ROOT / name).read_bytes())
     return digest.hexdigest()[:12]
 
 
