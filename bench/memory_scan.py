@@ -8,8 +8,9 @@ threshold and the live one-trace sessions (rollouts in their first call) are not
 be cached: it is built in every run, and the build time is printed.
 
 * ours, both rows: ``read_trace_store_http(target, Policy(), now=...)`` (OpenAPI probe, guard probe, the
-  listing or what the guard serves instead, candidate traces) + ``find_orphans`` + ``trace_store_summary``,
-  in a fresh child process;
+  listing and the candidates' traces through ``POST /traces/query``, or what the guard serves instead: the
+  candidates with their trace summaries) + ``find_orphans`` + ``trace_store_summary``, in a fresh child
+  process;
 * ``memory-store-scan`` (the unmodified ``rllm-model-gateway`` 0.1.0): baseline a bare ``GET /sessions``
   + ``json.loads`` and a bare ``POST /traces/query`` of the candidates (the orphans' ids) + ``json.loads``,
   in a fresh child: the floor any scan of 0.1.0 pays, since 0.1.0 returns traces only whole;
@@ -139,6 +140,7 @@ def measure(ctx: BenchContext, name: str, row: str, launch: Callable[[], Abstrac
             return result
 
         bare(), ours()  # warm-up pair (the gateway's first big listing), not counted
+        summarized = None if query_candidates else _summarized(gateway.url, now)
         ours_runs: list[dict[str, Any]] = []
         bare_runs: list[dict[str, Any]] = []
         for i in range(runs):
@@ -168,8 +170,26 @@ def measure(ctx: BenchContext, name: str, row: str, launch: Callable[[], Abstrac
             "runs with a gateway GC pause": f"ours {paused_ours}/{runs}, bare {paused_bare}/{runs}",
             "bare peak RSS": f"{max(r['peak_rss'] for r in bare_runs) / 2**20:.0f} MB",
             "candidates read": f"{ours_runs[0]['candidates']:,}",
+            **({} if summarized is None else {"candidates the launcher summarized": f"{summarized:,}"}),
         },
     )
+
+
+def _summarized(url: str, now: float) -> int:
+    """How many candidates the launcher serves with their trace summaries (the rest the scan reads whole)."""
+    import httpx
+
+    count = 0
+    after = None
+    with httpx.Client(base_url=url, timeout=600.0) as client:
+        for _ in range(1000):  # bounded: pages of up to 10,000 candidates
+            page = client.post("/guard/index", json={"idle_before": now - IDLE, "after": after,
+                                                     "summaries": True}).json()
+            count += sum("summaries" in candidate for candidate in page["candidates"])
+            after = page["next"]
+            if after is None:
+                break
+    return count
 
 
 @register(NAME)

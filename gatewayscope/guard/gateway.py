@@ -14,7 +14,8 @@ What it adds to the gateway's API:
 * ``GET /guard/status``, ``POST /guard/tombstones`` (backfill), ``POST /guard/tombstones/check``,
   ``DELETE /guard/tombstones/{session_id}``;
 * with ``--store memory``, ``POST /guard/index``: the orphan index the guard keeps in process (the store's
-  totals and, a page at a time, the sessions a scan reads), so a scan does not list every session;
+  totals and, a page at a time, the sessions a scan reads, with what it uses of their traces on request), so
+  a scan neither lists every session nor reads its candidates' traces whole;
 * ``GET /metrics`` with the guard's figures (``gatewayscope_guard_*``), from a private registry.
 
 With ``--store sqlite`` the guard works the same way, but its tombstones live in this process's memory
@@ -28,6 +29,7 @@ imports the rLLM gateway (or FastAPI) until an app is built, so the CLI works wi
 from __future__ import annotations
 
 import argparse
+import asyncio
 import bisect
 import functools
 import inspect
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from gatewayscope.errors import ConfigError, GatewayscopeError
 from gatewayscope.guard.memory import DEFAULT_MAX_TOMBSTONES, DEFAULT_TOP_DROPPERS, GuardedTraceStore
+from gatewayscope.sources.rllm_trace import trace_summary
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from fastapi import FastAPI
@@ -246,17 +249,22 @@ def status_payload(guard: GuardedTraceStore) -> dict[str, Any]:
 INDEX_PAGE = 10_000
 #: most ``session_ids`` one ``POST /guard/index`` request may name
 INDEX_MAX_IDS = 100_000
+#: most trace summaries one ``POST /guard/index`` answer holds: the page ends before the candidate that would pass
+#: it, and a candidate with more traces than this gets none (the scan reads its traces through /traces/query)
+INDEX_PAGE_SUMMARIES = 20_000
+#: trace summaries made between two turns of the gateway's event loop (about one /traces/query batch of work)
+SUMMARY_CHUNK = 200
 
 _INDEX_SHAPE = ('{"idle_before": <epoch seconds> | null, "after": "<session id>" | null, "limit": <1..'
-                f'{INDEX_PAGE}>, "session_ids": ["<session id>", ...]}}')
+                f'{INDEX_PAGE}>, "session_ids": ["<session id>", ...], "summaries": true | false}}')
 
 
-def parse_index_request(raw: bytes) -> tuple[float | None, str | None, int, list[str]]:
-    """``(idle_before, after, limit, session_ids)`` of a ``POST /guard/index`` body, or ValueError with a message
-    for the client. Every key is optional; other keys are ignored (the gateway's middleware adds some).
+def parse_index_request(raw: bytes) -> tuple[float | None, str | None, int, list[str], bool]:
+    """``(idle_before, after, limit, session_ids, summaries)`` of a ``POST /guard/index`` body, or ValueError with
+    a message for the client. Every key is optional; other keys are ignored (the gateway's middleware adds some).
 
     >>> parse_index_request(b'{"idle_before": 100.5, "after": "a:0", "limit": 2}')
-    (100.5, 'a:0', 2, [])
+    (100.5, 'a:0', 2, [], False)
     """
     try:
         body = json.loads(raw) if raw else {}
@@ -266,6 +274,7 @@ def parse_index_request(raw: bytes) -> tuple[float | None, str | None, int, list
         raise ValueError(f"the body must be a JSON object of the shape {_INDEX_SHAPE}")
     idle_before, after = body.get("idle_before"), body.get("after")
     limit, ids = body.get("limit", INDEX_PAGE), body.get("session_ids", [])
+    summaries = body.get("summaries", False)
     if idle_before is not None and (isinstance(idle_before, bool) or not isinstance(idle_before, (int, float))
                                     or idle_before != idle_before):
         raise ValueError("idle_before must be a number (epoch seconds) or null")
@@ -275,11 +284,26 @@ def parse_index_request(raw: bytes) -> tuple[float | None, str | None, int, list
         raise ValueError(f"limit must be a whole number from 1 to {INDEX_PAGE}")
     if not isinstance(ids, list) or len(ids) > INDEX_MAX_IDS or not all(isinstance(sid, str) for sid in ids):
         raise ValueError(f"session_ids must be a list of at most {INDEX_MAX_IDS:,} session id strings")
-    return (float(idle_before) if idle_before is not None else None), after, limit, ids
+    if not isinstance(summaries, bool):
+        raise ValueError("summaries must be true or false")
+    return (float(idle_before) if idle_before is not None else None), after, limit, ids, summaries
 
 
-def index_payload(guard: GuardedTraceStore, sessions: Any, *, idle_before: float | None, after: str | None,
-                  limit: int, session_ids: list[str]) -> dict[str, Any]:
+async def _trace_summaries(guard: GuardedTraceStore, session_id: str) -> list[dict[str, Any]] | None:
+    """The summaries of ``session_id``'s traces whose record names it (those a read through ``POST
+    /traces/query`` keeps), read from the store as that route reads them; None when one cannot be summarized."""
+    found: list[dict[str, Any]] = []
+    for trace in await guard.get_session_traces(session_id):
+        if isinstance(trace, dict) and trace.get("session_id") == session_id:
+            summary = trace_summary(trace)
+            if summary is None:
+                return None
+            found.append(summary)
+    return found
+
+
+async def index_payload(guard: GuardedTraceStore, sessions: Any, *, idle_before: float | None, after: str | None,
+                        limit: int, session_ids: list[str], summaries: bool = False) -> dict[str, Any]:
     """The body of ``POST /guard/index``: the store's totals and one page of the candidate sessions.
 
     ``{"sessions", "traces", "candidates": [{"session_id", "trace_count", "created_at"}], "tombstoned": [ids of
@@ -287,6 +311,14 @@ def index_payload(guard: GuardedTraceStore, sessions: Any, *, idle_before: float
     ``GET /sessions`` lists with one trace and ``created_at`` at or before ``idle_before`` (or null), the
     tombstoned sessions, and those of ``session_ids``, in id order after ``after``; ``created_at`` is the
     listing's (rLLM's session manager's record, else the first trace's time in the store).
+
+    With ``summaries`` each candidate also carries ``"summaries"``: per trace of it, what a scan derives from the
+    whole record (:func:`~gatewayscope.sources.rllm_trace.trace_summary`). A candidate with more traces than
+    :data:`INDEX_PAGE_SUMMARIES`, or one whose record cannot be summarized, carries none (the scan reads it
+    whole), and the page ends before the candidate whose summaries would pass that many in the answer. The
+    candidates, totals and tombstones are one moment of the index (no await while they are taken); the
+    summaries are read after, letting the event loop run between chunks, so a write or delete in between shows
+    in them as it would in the trace read that follows a listing.
     """
     index = guard.index
     assert index is not None
@@ -297,12 +329,32 @@ def index_payload(guard: GuardedTraceStore, sessions: Any, *, idle_before: float
                             stamps=stamps if isinstance(stamps, dict) else None)
     start = 0 if after is None else bisect.bisect_right(rows, after, key=lambda row: row[0])
     page = rows[start:start + limit]
-    more = start + limit < len(rows)
+    totals = (len(index.sessions), index.traces)
+    tombstoned = set(guard.tombstoned_among(row[0] for row in page))
+    candidates: list[dict[str, Any]] = [{"session_id": sid, "trace_count": count, "created_at": when}
+                                        for sid, count, when in page]
+    if summaries:
+        budget, made = INDEX_PAGE_SUMMARIES, 0
+        for position, (sid, count, _) in enumerate(page):  # bounded: one page
+            served = await _trace_summaries(guard, sid) if count <= INDEX_PAGE_SUMMARIES else None
+            if served is not None and len(served) > INDEX_PAGE_SUMMARIES:
+                served = None
+            if served is not None:
+                if len(served) > budget and position:  # the page ends here; the next one starts with it
+                    del candidates[position:], page[position:]
+                    break
+                candidates[position]["summaries"] = served
+                budget -= len(served)
+                made += len(served)
+            if made >= SUMMARY_CHUNK:
+                made = 0
+                await asyncio.sleep(0)  # let the gateway's calls run between chunks of summaries
+    more = start + len(page) < len(rows)
     return {
-        "sessions": len(index.sessions),
-        "traces": index.traces,
-        "candidates": [{"session_id": sid, "trace_count": count, "created_at": when} for sid, count, when in page],
-        "tombstoned": guard.tombstoned_among(row[0] for row in page),
+        "sessions": totals[0],
+        "traces": totals[1],
+        "candidates": candidates,
+        "tombstoned": [row[0] for row in page if row[0] in tombstoned],
         "next": page[-1][0] if more and page else None,
     }
 
@@ -414,11 +466,12 @@ def add_guard_routes(app: Any, guard: GuardedTraceStore) -> None:
 
     async def index(request: Request) -> Response:
         try:
-            idle_before, after, limit, ids = parse_index_request(await request.body())
+            idle_before, after, limit, ids, summaries = parse_index_request(await request.body())
         except ValueError as err:
             return error(400, str(err))
-        return JSONResponse(index_payload(guard, getattr(request.app.state, "sessions", None),
-                                          idle_before=idle_before, after=after, limit=limit, session_ids=ids))
+        return JSONResponse(await index_payload(guard, getattr(request.app.state, "sessions", None),
+                                                idle_before=idle_before, after=after, limit=limit, session_ids=ids,
+                                                summaries=summaries))
 
     app.add_route("/guard/status", status, methods=["GET"])
     app.add_route("/guard/tombstones", add, methods=["POST"])

@@ -2,21 +2,21 @@
 
 One session listing, then trace reads only for the candidates (one-trace sessions idle long
 enough to matter, and sessions that carry a tombstone), batched through ``POST /traces/query``
-with bounded concurrency. Features added upstream after 0.1.0 (weight versions, batch delete)
-and gatewayscope's guard routes are detected from the gateway's OpenAPI document, never from
-its version string.
+with bounded concurrency. A guarded launcher with its orphan index serves the candidates, and what
+the scan uses of their traces, on ``POST /guard/index`` instead. Features added upstream after
+0.1.0 (weight versions, batch delete) and gatewayscope's guard routes are detected from the
+gateway's OpenAPI document, never from its version string.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import random
 import threading
 import time
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -40,6 +40,7 @@ from gatewayscope.snapshot import (
 from gatewayscope.sources._batches import batches
 from gatewayscope.sources._gcpause import gc_paused
 from gatewayscope.sources._http import HttpClient, path_segment
+from gatewayscope.sources.rllm_trace import as_float, as_int, summary_row, trace_row
 
 #: a session id holding a ``/`` that no gateway holds: asks whether the gateway routes such ids
 PATH_ROUTE_PROBE = "gatewayscope-probe/path-route"
@@ -124,14 +125,6 @@ class RllmClient(HttpClient):
         return set(paths) if isinstance(paths, dict) else set()
 
 
-def _as_float(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _as_int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def parse_session_listing(body: Any, where: str) -> list[tuple[str, int, float | None, float | None]]:
     """Validate ``GET /sessions``: rows of (session_id, trace_count, created_at, last_trace_at=None)."""
     if not isinstance(body, list):
@@ -140,10 +133,10 @@ def parse_session_listing(body: Any, where: str) -> list[tuple[str, int, float |
     for item in body:
         if not isinstance(item, dict) or not isinstance(item.get("session_id"), str):
             raise BadResponseError(f"{where} holds an entry without a session_id: {str(item)[:80]}")
-        count = _as_int(item.get("trace_count"))
+        count = as_int(item.get("trace_count"))
         if count is None:
             raise BadResponseError(f"{where}: session {item['session_id']!r} has no whole-number trace_count.")
-        rows.append((item["session_id"], count, _as_float(item.get("created_at")), None))
+        rows.append((item["session_id"], count, as_float(item.get("created_at")), None))
     return rows
 
 
@@ -176,34 +169,6 @@ def session_frame(response: httpx.Response, where: str) -> pl.DataFrame:
     return frame_from_rows(rows, SESSIONS_SCHEMA)
 
 
-def prompt_chars(messages: Any) -> int | None:
-    """Size of a prompt as the length of its minified JSON (the same measure the SQLite source uses)."""
-    if messages is None:
-        return None
-    return len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False))
-
-
-def trace_row(trace: dict[str, Any]) -> tuple[Any, ...]:
-    """One CANDIDATE_TRACES_SCHEMA row from a trace record (upstream's ``weight_version`` when present)."""
-    prompt_ids = trace.get("prompt_token_ids")
-    raw_counts = trace.get("token_counts")
-    token_counts: dict[str, Any] = raw_counts if isinstance(raw_counts, dict) else {}
-    prompt_tokens = len(prompt_ids) if isinstance(prompt_ids, list) and prompt_ids else _as_int(
-        token_counts.get("prompt"))
-    weight = trace.get("weight_version")
-    if weight is None and isinstance(trace.get("metadata"), dict):
-        weight = trace["metadata"].get("weight_version")
-    return (
-        str(trace.get("session_id", "")),
-        str(trace.get("trace_id", "")),
-        _as_float(trace.get("timestamp")),
-        _as_int(weight),
-        prompt_tokens,
-        prompt_chars(trace.get("messages")),
-        trace.get("model") if isinstance(trace.get("model"), str) else None,
-    )
-
-
 def read_guard_status(client: RllmClient) -> GuardStats | None:
     """The guarded launcher's figures, or None when the gateway has no guard routes."""
     try:
@@ -226,43 +191,74 @@ def read_guard_status(client: RllmClient) -> GuardStats | None:
 @dataclass
 class LauncherIndex:
     """What a guarded launcher's ``POST /guard/index`` gave: the candidate sessions (SESSIONS_SCHEMA, as
-    ``GET /sessions`` lists them), those of them that carry a tombstone, and the store's totals."""
+    ``GET /sessions`` lists them), those of them that carry a tombstone, the store's totals, and per candidate
+    whose traces it summarized, those traces' CANDIDATE_TRACES_SCHEMA rows (a launcher that does not summarize,
+    an older one, leaves ``summaries`` without the candidate: its traces are read through ``POST
+    /traces/query``)."""
 
     sessions: pl.DataFrame
     tombstoned: list[str]
     session_total: int
     trace_total: int
+    summaries: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
 
 
 #: most pages of ``POST /guard/index`` one read asks for (the launcher's pages hold up to 10,000 sessions each)
 MAX_INDEX_PAGES = 10_000
 
 
-def read_launcher_index(client: RllmClient, *, idle_before: float, also: list[str]) -> LauncherIndex:
+def _summaries_of(item: dict[str, Any]) -> list[tuple[Any, ...]] | None:
+    """The trace rows a candidate of ``POST /guard/index`` carries, or None when it carries none (an older
+    launcher, or one that left them out); BadResponseError when they are malformed."""
+    summaries = item.get("summaries")
+    if summaries is None:
+        return None
+    if not isinstance(summaries, list):
+        raise BadResponseError(f"POST /guard/index: the summaries of session {item['session_id']!r} are not a list.")
+    rows = []
+    for summary in summaries:
+        row = summary_row(item["session_id"], summary)
+        if row is None:
+            raise BadResponseError(f"POST /guard/index holds a malformed trace summary of session "
+                                   f"{item['session_id']!r}: {str(summary)[:80]}")
+        rows.append(row)
+    return rows
+
+
+def read_launcher_index(client: RllmClient, *, idle_before: float, also: list[str],
+                        summaries: bool = True) -> LauncherIndex:
     """The candidates and totals from a guarded launcher's orphan index, a page at a time (``after`` the last id
-    of the page before, so the pages are in id order and never overlap); the totals are the first page's."""
+    of the page before, so the pages are in id order and never overlap); the totals are the first page's. With
+    ``summaries`` the launcher is asked for its candidates' trace summaries too (one that does not know the
+    flag ignores it)."""
     rows: list[tuple[str, int, float | None, None]] = []
     tombstoned: list[str] = []
+    summarized: dict[str, list[tuple[Any, ...]]] = {}
     totals: tuple[int, int] | None = None
     after: str | None = None
+    request: dict[str, Any] = {"idle_before": idle_before, "session_ids": also}
+    if summaries:
+        request["summaries"] = True
     for _ in range(MAX_INDEX_PAGES):  # bounded; each page starts after the last id of the one before
-        body = client.request("POST", "/guard/index", json_body={"idle_before": idle_before, "after": after,
-                                                                 "session_ids": also})
+        body = client.request("POST", "/guard/index", json_body={**request, "after": after})
         if not isinstance(body, dict) or not isinstance(body.get("candidates"), list) \
                 or not isinstance(body.get("tombstoned"), list):
             raise BadResponseError("POST /guard/index did not return {\"candidates\": [...], \"tombstoned\": [...], "
                                    "...}.")
         if totals is None:
-            sessions, traces = _as_int(body.get("sessions")), _as_int(body.get("traces"))
+            sessions, traces = as_int(body.get("sessions")), as_int(body.get("traces"))
             if sessions is None or traces is None:
                 raise BadResponseError("POST /guard/index did not return whole-number session and trace totals.")
             totals = (sessions, traces)
         for item in body["candidates"]:
-            count = _as_int(item.get("trace_count")) if isinstance(item, dict) else None
+            count = as_int(item.get("trace_count")) if isinstance(item, dict) else None
             if count is None or not isinstance(item.get("session_id"), str):
                 raise BadResponseError(f"POST /guard/index holds a malformed candidate: {str(item)[:80]}")
             if after is None or item["session_id"] > after:  # the pages are in id order: none is read twice
-                rows.append((item["session_id"], count, _as_float(item.get("created_at")), None))
+                rows.append((item["session_id"], count, as_float(item.get("created_at")), None))
+                served = _summaries_of(item)
+                if served is not None:
+                    summarized[item["session_id"]] = served
         tombstoned.extend(str(sid) for sid in body["tombstoned"])
         following = body.get("next")
         if not isinstance(following, str) or (after is not None and following <= after):
@@ -272,7 +268,7 @@ def read_launcher_index(client: RllmClient, *, idle_before: float, also: list[st
         raise BadResponseError(f"POST /guard/index did not end within {MAX_INDEX_PAGES:,} pages.")
     assert totals is not None
     return LauncherIndex(sessions=frame_from_rows(rows, SESSIONS_SCHEMA), tombstoned=tombstoned,
-                         session_total=totals[0], trace_total=totals[1])
+                         session_total=totals[0], trace_total=totals[1], summaries=summarized)
 
 
 class KnownTraces:
@@ -350,7 +346,10 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
     index is ready is read through ``POST /guard/index`` instead of ``GET /sessions`` (see
     :func:`read_launcher_index`): ``sessions`` then holds the candidates only, with the totals beside them, and
     the findings are those of the full read; ``also`` names more sessions to include when they exist (ids the
-    findings will be given as deleted before). ``full=True`` lists every session even then.
+    findings will be given as deleted before). The launcher also serves what the scan uses of its candidates'
+    traces (:func:`~gatewayscope.sources.rllm_trace.trace_row`'s fields), so their whole records are not read;
+    a candidate it did not summarize is read through ``POST /traces/query``. ``full=True`` lists every session
+    and reads every candidate's traces whole even then.
     """
     assert target.url, "an HTTP trace-store target needs a url"
     with RllmClient(target.url, timeout=target.timeout_seconds, transport=transport,
@@ -382,7 +381,7 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
                 body = client.request("GET", "/admin/weight_version")
             except NotFoundError:
                 body = None
-            current_weight = _as_int(body.get("weight_version")) if isinstance(body, dict) else None
+            current_weight = as_int(body.get("weight_version")) if isinstance(body, dict) else None
             capabilities["weight_version"] = current_weight is not None
 
         if guard_error is not None:
@@ -405,10 +404,19 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
         tombstoned_ids = pl.Series(sorted(set(tombstoned)), dtype=pl.String)
         candidate_sessions = sessions.filter(pl.col("session_id").is_in(tombstoned_ids.implode()) | idle_single)
         reused: list[tuple[Any, ...]] = []
-        candidates = candidate_sessions["session_id"].to_list()
-        if known is not None:
-            reused, candidates = known.split(candidate_sessions)
         trace_rows: list[tuple[Any, ...]] = []
+        # the candidates the launcher summarized need no trace read; the others (all of them from any other
+        # gateway or an older launcher) are read whole through POST /traces/query
+        summarized = indexed.summaries if indexed is not None else {}
+        to_read = candidate_sessions
+        if summarized:
+            served = pl.col("session_id").is_in(pl.Series(list(summarized), dtype=pl.String).implode())
+            for sid in candidate_sessions.filter(served)["session_id"]:
+                trace_rows.extend(summarized[sid])
+            to_read = candidate_sessions.filter(~served)
+        candidates = to_read["session_id"].to_list()
+        if known is not None:
+            reused, candidates = known.split(to_read)
 
         def fetch(batch: list[str]) -> list[tuple[Any, ...]]:
             body = client.request("POST", "/traces/query", json_body={"session_ids": batch})

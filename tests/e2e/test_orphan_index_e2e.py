@@ -5,10 +5,13 @@ into its file while it runs, after an unguarded run left orphans behind; and gat
 (``--store memory``), read through its ``POST /guard/index``. Each store gets one-trace sessions on both sides of
 the idle cut-off, rollouts with stragglers, deletes, a tombstone on a session that still has its trace, and a
 retry that lifts a tombstone; then the same store is read through the index and in full, with the same clock.
+The launcher's read is taken three ways: with the trace summaries it serves (no trace read whole), as from an older
+launcher that serves none, and with every other candidate's left out (those read through ``POST /traces/query``).
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -62,10 +65,45 @@ def singles(url: str, prefix: str, n: int) -> list[str]:
     return ids
 
 
-def both_reads_agree(target: Target, now: float) -> dict[str, Any]:
+class LauncherTransport(httpx.BaseTransport):
+    """The real network to a launcher, watched: it counts the ``POST /traces/query`` requests and keeps the trace
+    summaries ``POST /guard/index`` served, and with ``mode`` it plays a launcher that summarizes less: "older"
+    takes the ``summaries`` flag out of the request (the real launcher then answers as one that does not know
+    it), "half" takes the summaries of every other candidate out of the answer."""
+
+    def __init__(self, mode: str = "summaries") -> None:
+        self.inner = httpx.HTTPTransport()
+        self.mode = mode
+        self.trace_queries = 0
+        self.served: dict[str, list[Any]] = {}
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        self.trace_queries += path == "/traces/query"
+        if path == "/guard/index" and self.mode == "older":
+            body = json.loads(request.content)
+            assert body.pop("summaries") is True
+            request = httpx.Request(request.method, request.url, json=body)
+        response = self.inner.handle_request(request)
+        if path != "/guard/index" or response.status_code != 200:
+            return response
+        answer = json.loads(response.read())
+        response.close()
+        for position, candidate in enumerate(answer["candidates"]):
+            if self.mode == "half" and position % 2:
+                candidate.pop("summaries", None)
+            if "summaries" in candidate:
+                self.served[candidate["session_id"]] = candidate["summaries"]
+        return httpx.Response(200, json=answer)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def both_reads_agree(target: Target, now: float, transport: httpx.BaseTransport | None = None) -> dict[str, Any]:
     """Read ``target`` through the scan (the index) and in full, at the same ``now``: same report, orphans, plan."""
     config = Config(targets=[target], policy=POLICY)
-    index_snap = read_target(target, POLICY, now=now)
+    index_snap = read_target(target, POLICY, now=now, transport=transport)
     assert index_snap.up, index_snap.error
     if target.path:
         full_data = read_trace_store_sqlite(target, POLICY, now=now, guard_reader=guard.read_for_scan, full=True)
@@ -125,32 +163,59 @@ def test_the_sqlite_index_reads_like_a_full_scan_of_the_real_gateway(rllm_gatewa
     assert entry["orphans"]["confirmed"] == 1
 
 
-def test_the_launcher_index_reads_like_a_full_scan(guarded_gateway: Any) -> None:
+def set_weight_version(url: str, version: int) -> None:
+    httpx.post(f"{url}/admin/weight_version", json={"weight_version": version}, timeout=10).raise_for_status()
+
+
+def test_the_launcher_index_reads_like_a_full_scan(guarded_gateway: Any, gateway_flavor: Any) -> None:
     gw = guarded_gateway("memory")
     status = httpx.get(f"{gw.url}/guard/status", timeout=10).json()
     assert status["index"] == "ready"
+    if gateway_flavor.weight_version:  # upstream main stamps each trace with the policy's weight version
+        set_weight_version(gw.url, 3)
     run = run_rollouts(gw.url, **ROLLOUTS, seed=5, settle_timeout=1.0)
     assert run.errors == [], run.to_dict()
     early = singles(gw.url, "early", 8)
+    multi = f"multi-{uuid.uuid4().hex[:6]}:0"
+    for call in range(3):
+        chat(gw.url, multi, f"call {call}")
     settle(gw.url)
     cut = time.time()
     time.sleep(0.05)
 
+    if gateway_flavor.weight_version:
+        set_weight_version(gw.url, 9)  # the early sessions are 6 versions behind: stale (policy: 2)
     singles(gw.url, "late", 4)
     with httpx.Client(base_url=gw.url, timeout=30) as client:
         client.delete(f"/sessions/{quote(early[0], safe='')}").raise_for_status()
-        client.post("/guard/tombstones", json={"session_ids": [early[1]]}).raise_for_status()
+        # tombstoned while their traces are still there: confirmed orphans, one of them with three traces
+        client.post("/guard/tombstones", json={"session_ids": [early[1], multi]}).raise_for_status()
     retried = run.deleted_uids[0]  # rLLM's retry: POST /sessions with the deleted uid lifts its tombstone
     retry = retry_rollout(gw.url, retried, calls=2, explicit_create=True)
     assert retry.errors == [] and retry.trace_count == 2
     settle(gw.url)
 
     target = Target(name="launcher", kind="rllm", url=gw.url)
-    entry = both_reads_agree(target, cut + IDLE)
-    assert entry["guard"]["index"] == "ready"
-    orphan_ids = {row["session_id"] for row in entry["orphan_sessions"]}
-    assert set(early[1:]) <= orphan_ids and early[0] not in orphan_ids and retried not in orphan_ids
-    assert entry["orphans"]["confirmed"] == 1
+    # the launcher's trace summaries, an older launcher's answer without them, and one with every other candidate's
+    for mode in ("summaries", "older", "half"):
+        launcher = LauncherTransport(mode)
+        entry = both_reads_agree(target, cut + IDLE, transport=launcher)
+        assert entry["guard"]["index"] == "ready"
+        orphan_ids = {row["session_id"] for row in entry["orphan_sessions"]}
+        assert set(early[1:]) | {multi} <= orphan_ids and early[0] not in orphan_ids and retried not in orphan_ids
+        assert entry["orphans"]["confirmed"] == 2
+        orphans = {row["session_id"]: row for row in entry["orphan_sessions"]}
+        assert orphans[multi]["trace_count"] == 3
+        assert all(orphans[sid]["prompt_tokens"] and orphans[sid]["prompt_chars"] for sid in early[1:])
+        if gateway_flavor.weight_version:
+            assert {orphans[sid]["weight_version"] for sid in early[1:]} == {3}
+        if mode == "summaries":  # every candidate's traces came summarized: no trace was read whole
+            assert launcher.trace_queries == 0
+            assert len(launcher.served[multi]) == 3 and len(launcher.served[early[1]]) == 1
+        elif mode == "older":
+            assert launcher.served == {} and launcher.trace_queries > 0
+        else:
+            assert launcher.served and launcher.trace_queries > 0
 
     # one page at a time: the same candidates, in id order, the totals from the first page
     with httpx.Client(base_url=gw.url, timeout=30) as client:

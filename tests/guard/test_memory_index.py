@@ -1,7 +1,8 @@
 """The guarded launcher's orphan index (``GuardedTraceStore(index=True)``, ``POST /guard/index``), in process.
 
 The inner store is rLLM's own ``MemoryTraceStore`` inside rLLM's own app (httpx's ASGI transport); the truth every
-answer is compared with is the same app's ``GET /sessions``, filtered by the full read's candidate rule.
+answer is compared with is the same app's ``GET /sessions``, filtered by the full read's candidate rule, and for the
+trace summaries its ``POST /traces/query`` of each candidate through ``trace_row`` (the rows a full read makes).
 """
 
 from __future__ import annotations
@@ -24,13 +25,30 @@ from gatewayscope.errors import BadResponseError
 from gatewayscope.guard import gateway as guarded_gateway
 from gatewayscope.guard.memory import GuardedTraceStore
 from gatewayscope.sources.rllm_http import RllmClient, read_launcher_index, read_trace_store_http
+from gatewayscope.sources.rllm_trace import summary_row, trace_row
 
 #: session ids a client may send: quotes, markup, escapes, a slash, non-ASCII
 ODD_IDS = ["quote'\";--", "<script>x</script>:1", "%2F..%00", "a/b:2", "émoji 🧵:0", "tab\tnew\nline:3"]
 
 
-def trace(trace_id: str, session_id: str) -> dict[str, Any]:
-    return {"trace_id": trace_id, "session_id": session_id, "model": "m", "messages": []}
+def trace(trace_id: str, session_id: str, rng: random.Random | None = None) -> dict[str, Any]:
+    """A trace record; with ``rng``, one of the shapes whose fields :func:`trace_row` reads differently (weight
+    version at the root or in the metadata, prompt token ids or only a count, messages or none, odd models)."""
+    record: dict[str, Any] = {"trace_id": trace_id, "session_id": session_id, "model": "m", "messages": []}
+    if rng is None:
+        return record
+    record["timestamp"] = rng.choice([1_700_000_000.25 + rng.random(), 5, None, "soon"])
+    record["model"] = rng.choice(["m", "<b>model</b>", "", None, 7])
+    record["messages"] = rng.choice([[], None, [{"role": "user", "content": "héllo \u2028 " * rng.randint(0, 3)}],
+                                     {"odd": [1.5, True, None]}])
+    shape = rng.randrange(4)
+    if shape == 0:
+        record["weight_version"] = rng.choice([3, None, "4", True])
+    elif shape == 1:
+        record["metadata"] = {"weight_version": rng.choice([2, 2.5, None])}
+    record["prompt_token_ids"] = rng.choice([[1, 2, 3], [], None, "x"])
+    record["token_counts"] = rng.choice([{"prompt": 9}, {"prompt": True}, {}, None])
+    return record
 
 
 def app_client(**kwargs: Any) -> tuple[Any, httpx.AsyncClient]:
@@ -51,21 +69,37 @@ async def truth(client: httpx.AsyncClient, idle_before: float | None, also: list
 
 
 async def indexed(client: httpx.AsyncClient, idle_before: float | None, also: list[str],
-                  limit: int = 4) -> dict[str, Any]:
+                  limit: int = 4, summaries: bool = False) -> dict[str, Any]:
     rows: list[tuple[str, int, float]] = []
     tombstoned: list[str] = []
+    summarized: dict[str, list[tuple[Any, ...]]] = {}
     after = None
     first: dict[str, Any] = {}
     for _ in range(1000):
         page = (await client.post("/guard/index", json={"idle_before": idle_before, "after": after, "limit": limit,
-                                                        "session_ids": also})).json()
+                                                        "session_ids": also, "summaries": summaries})).json()
         first = first or page
         rows += [(c["session_id"], c["trace_count"], c["created_at"]) for c in page["candidates"]]
+        summarized.update({c["session_id"]: [summary_row(c["session_id"], s) for s in c["summaries"]]
+                           for c in page["candidates"] if "summaries" in c})
         tombstoned += page["tombstoned"]
         after = page["next"]
         if after is None:
             break
-    return {"sessions": first["sessions"], "traces": first["traces"], "rows": rows, "tombstoned": sorted(tombstoned)}
+    answer = {"sessions": first["sessions"], "traces": first["traces"], "rows": rows, "tombstoned": sorted(tombstoned)}
+    if summaries:
+        answer["summaries"] = summarized
+    return answer
+
+
+async def whole_rows(client: httpx.AsyncClient, session_ids: list[str]) -> dict[str, list[tuple[Any, ...]]]:
+    """Each session's trace rows as a read of whole records makes them: ``POST /traces/query`` for the session,
+    its records naming it, through :func:`trace_row` (after the JSON they travel as)."""
+    found: dict[str, list[tuple[Any, ...]]] = {}
+    for sid in session_ids:
+        records = (await client.post("/traces/query", json={"session_ids": [sid]})).json()
+        found[sid] = [trace_row(record) for record in records if record.get("session_id") == sid]
+    return found
 
 
 def test_the_index_answers_what_the_listing_gives_through_random_traffic() -> None:
@@ -81,9 +115,9 @@ def test_the_index_answers_what_the_listing_gives_through_random_traffic() -> No
                 sid = rng.choice(ids)
                 roll = rng.random()
                 if roll < 0.55:
-                    await guard.store_trace(f"t{step}", sid, trace(f"t{step}", sid))
+                    await guard.store_trace(f"t{step}", sid, trace(f"t{step}", sid, rng))
                 elif roll < 0.62:  # the same trace id written again: counted once, as the store counts it
-                    await guard.store_trace(f"t{step - 1}", sid, trace(f"t{step - 1}", sid))
+                    await guard.store_trace(f"t{step - 1}", sid, trace(f"t{step - 1}", sid, rng))
                 elif roll < 0.72:
                     await guard.delete_session(sid)
                 elif roll < 0.8:
@@ -97,7 +131,12 @@ def test_the_index_answers_what_the_listing_gives_through_random_traffic() -> No
                     created = sorted(s["created_at"] for s in listing)
                     for idle_before in (None, created[len(created) // 2] if created else 0.0, 0.0):
                         also = rng.sample(ids, 3)
-                        assert await indexed(client, idle_before, also) == await truth(client, idle_before, also)
+                        expected = await truth(client, idle_before, also)
+                        assert await indexed(client, idle_before, also) == expected
+                        # with summaries: the same candidates, each with the rows a read of its whole records gives
+                        served = await indexed(client, idle_before, also, summaries=True)
+                        assert served.pop("summaries") == await whole_rows(client, [r[0] for r in expected["rows"]])
+                        assert served == expected
 
     asyncio.run(scenario())
 
@@ -121,6 +160,48 @@ def test_a_page_is_bounded_and_the_pages_do_not_overlap() -> None:
     asyncio.run(scenario())
 
 
+def test_the_summaries_of_one_answer_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most INDEX_PAGE_SUMMARIES summaries an answer: the page ends before the candidate that would pass it, a
+    candidate with more traces than that gets none, and so does one whose record strict JSON cannot carry."""
+    monkeypatch.setattr(guarded_gateway, "INDEX_PAGE_SUMMARIES", 5)
+    app, client = app_client()
+    guard: GuardedTraceStore = app.state.guard
+    counts = {"a:0": 1, "b:0": 3, "c:0": 2, "d:0": 7, "e:0": 1, "f:0": 1}
+
+    async def scenario() -> None:
+        async with client:
+            for sid, count in counts.items():
+                for k in range(count):
+                    record = trace(f"{sid}-{k}", sid)
+                    record["timestamp"] = float("nan") if sid == "f:0" else 100.0 + k
+                    await guard.store_trace(f"{sid}-{k}", sid, record)
+            guard.add_tombstones(["b:0", "c:0", "d:0"])  # tombstoned: candidates with all their traces
+            pages = []
+            after = None
+            for _ in range(10):
+                page = (await client.post("/guard/index", json={"after": after, "summaries": True})).json()
+                pages.append(page)
+                after = page["next"]
+                if after is None:
+                    break
+            assert [[c["session_id"] for c in page["candidates"]] for page in pages] == [
+                ["a:0", "b:0"], ["c:0", "d:0", "e:0", "f:0"]]
+            assert pages[0]["next"] == "b:0" and pages[0]["tombstoned"] == ["b:0"]
+            assert pages[1]["tombstoned"] == ["c:0", "d:0"]
+            served = {c["session_id"]: c.get("summaries") for page in pages for c in page["candidates"]}
+            assert {sid: None if got is None else len(got) for sid, got in served.items()} == {
+                "a:0": 1, "b:0": 3, "c:0": 2, "d:0": None, "e:0": 1, "f:0": None}
+            assert all(sum(len(c.get("summaries", [])) for c in page["candidates"]) <= 5 for page in pages)
+            rows = await whole_rows(client, ["a:0", "b:0", "c:0", "e:0"])
+            assert {sid: [summary_row(sid, x) for x in got] for sid, got in served.items() if got} == rows
+            # without summaries nothing ends a page early
+            plain = (await client.post("/guard/index", json={})).json()
+            assert len(plain["candidates"]) == 6 and plain["next"] is None
+            assert not any("summaries" in c for c in plain["candidates"])
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize(("body", "message"), [
     (b"not json", "must be JSON"),
     (b'["a"]', "JSON object"),
@@ -133,6 +214,7 @@ def test_a_page_is_bounded_and_the_pages_do_not_overlap() -> None:
     (b'{"limit": 2.5}', "limit"),
     (b'{"session_ids": "a"}', "session_ids"),
     (b'{"session_ids": [1]}', "session_ids"),
+    (b'{"summaries": 1}', "summaries"),
 ])
 def test_a_wrong_index_request_is_refused_with_400(body: bytes, message: str) -> None:
     _, client = app_client()
@@ -191,6 +273,54 @@ def test_a_malformed_index_answer_is_a_bad_response(body: bytes) -> None:
     target = Target(name="gw", kind="rllm", url="http://gw.test:9090")
     with pytest.raises(BadResponseError):
         read_trace_store_http(target, Policy(), now=1e9, transport=launcher(lambda _: body))
+
+
+GOOD_SUMMARY = {"trace_id": "t1", "timestamp": 5.0, "weight_version": 2, "prompt_tokens": 3, "prompt_chars": 40,
+                "model": "m"}
+
+
+@pytest.mark.parametrize("summaries", [
+    "x", {"trace_id": "t1"}, [None], ["t1"], [{k: v for k, v in GOOD_SUMMARY.items() if k != "model"}],
+    [{**GOOD_SUMMARY, "trace_id": 7}], [{**GOOD_SUMMARY, "timestamp": "5"}], [{**GOOD_SUMMARY, "prompt_tokens": True}],
+    [{**GOOD_SUMMARY, "weight_version": 2.5}], [{**GOOD_SUMMARY, "model": ["<script>"]}],
+])
+def test_a_malformed_trace_summary_is_a_bad_response_naming_the_session(summaries: Any) -> None:
+    sid = "<script>x</script>:1"
+    body = json.dumps({"sessions": 1, "traces": 1, "tombstoned": [], "next": None,
+                       "candidates": [{"session_id": sid, "trace_count": 1, "created_at": 1.0,
+                                       "summaries": summaries}]}).encode()
+    target = Target(name="gw", kind="rllm", url="http://gw.test:9090")
+    with pytest.raises(BadResponseError, match="summar") as caught:
+        read_trace_store_http(target, Policy(), now=1e9, transport=launcher(lambda _: body))
+    assert repr(sid) in str(caught.value)
+
+
+def test_candidates_without_summaries_are_read_whole_and_the_others_not_at_all() -> None:
+    """A launcher that summarizes some candidates (or, older, none): the scan asks POST /traces/query for the
+    others only, and its rows are the summaries' and the records' alike."""
+    asked: list[list[str]] = []
+    candidates = [{"session_id": "a:0", "trace_count": 1, "created_at": 1.0, "summaries": [GOOD_SUMMARY]},
+                  {"session_id": "b:0", "trace_count": 1, "created_at": 1.0},
+                  {"session_id": "c:0", "trace_count": 2, "created_at": 1.0, "summaries": []}]
+    record = {"trace_id": "t2", "session_id": "b:0", "timestamp": 6.0, "model": "m", "prompt_token_ids": [1, 2],
+              "messages": [{"role": "user", "content": "hi"}], "metadata": {"weight_version": 4}}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/guard/status":
+            return httpx.Response(200, json=STATUS)
+        if request.url.path == "/guard/index":
+            assert json.loads(request.content)["summaries"] is True
+            return httpx.Response(200, json={"sessions": 9, "traces": 12, "tombstoned": [], "next": None,
+                                             "candidates": candidates})
+        if request.url.path == "/traces/query":
+            asked.append(json.loads(request.content)["session_ids"])
+            return httpx.Response(200, json=[record] if "b:0" in asked[-1] else [])
+        return httpx.Response(404, json={"error": "not found"})
+
+    target = Target(name="gw", kind="rllm", url="http://gw.test:9090")
+    data = read_trace_store_http(target, Policy(), now=1e9, transport=httpx.MockTransport(handler))
+    assert asked == [["b:0"]]
+    assert sorted(data.candidate_traces.iter_rows()) == [("a:0", "t1", 5.0, 2, 3, 40, "m"), trace_row(record)]
 
 
 def test_an_index_whose_pages_do_not_advance_is_read_once() -> None:
