@@ -64,8 +64,13 @@ def find_orphans(
     )
     confirmed_ids = pl.Series("session_id", sorted(set(data.tombstoned_ids) | set(deleted_ids)), dtype=pl.String)
     current = data.current_weight_version
+    # Only a confirmed session or a one-trace one not known to be fresh can be an orphan: the rest are left out
+    # before the join (a full read lists every session), by the same idle comparison as below.
+    maybe = (pl.col("trace_count") == 1) & (
+        pl.col("last_trace_at").is_null() | ((pl.lit(now) - pl.col("last_trace_at")) > policy.orphan_idle_seconds))
     frame = (
-        data.sessions.join(traces, on="session_id", how="left")
+        data.sessions.filter(maybe | pl.col("session_id").is_in(confirmed_ids.implode()))
+        .join(traces, on="session_id", how="left")
         .with_columns(
             pl.coalesce("last_trace_at", "candidate_last_at").alias("last_trace_at"),
             pl.col("session_id").is_in(confirmed_ids.implode()).alias("_confirmed"),
