@@ -15,6 +15,9 @@ client has its 200 already. So the rules are checked in the file itself, after t
 * every planned orphan is gone, and nothing else: the store's other sessions keep all their traces;
 * apply exits 0 by itself, its tally line counts every planned delete done, its journal has ``apply-end``;
 * the gateway never logged ``database is locked``, and every read it was asked for was answered.
+
+The same load runs against back-to-back ``gatewayscope scan`` reads of the file (the candidates read), with the
+same file checks, and every scan must report exactly the store's orphans.
 """
 
 from __future__ import annotations
@@ -340,3 +343,53 @@ def test_apply_on_a_loaded_gateways_sqlite_file_loses_no_answered_trace(rllm_gat
     assert [e for e in events if e.get("event") == "apply-end"], f"no apply-end in the journal\n{summary}"
     assert locked == 0 and failed_persists == 0, summary
     assert gateway.process.running(), summary
+
+
+#: scans run one after another while the load runs (each reads every session of the store)
+SCANS_UNDER_LOAD = 4
+SCAN_BOUND = 120.0
+
+
+def test_scans_of_a_loaded_gateways_sqlite_file_lose_no_answered_trace_and_see_exactly_its_orphans(
+        rllm_gateway: Any, gateway_flavor: Any, tmp_path: Path) -> None:
+    """The scan's candidates read (each page aggregated inside SQLite, about 15 ms of lock) and its keyed reads
+    of the candidates run back to back against the gateway's commits: every answered call's trace is in the
+    file afterwards, the gateway logged no lock error, and every scan reported exactly the store's orphans
+    (the load's sessions are fresh) and counted at least the sessions the store was built with."""
+    db = tmp_path / "gateway-traces.db"
+    store: BuiltStore = build_store(db, sessions=STORE_SESSIONS, orphans=ORPHANS, now=time.time(),
+                                    python=gateway_flavor.python)
+    gateway = rllm_gateway("sqlite", db_path=db)
+    prefix = f"load-{uuid.uuid4().hex[:8]}-"
+    load = Load(url=gateway.url, prefix=prefix, kept_sample=sorted(store.kept)[::500])
+    reports: list[dict[str, Any]] = []
+    with running(load):
+        deadline = time.monotonic() + LOAD_START_BOUND
+        while load.calls < CALLS_BEFORE_APPLY:
+            assert time.monotonic() < deadline, f"the load did not start: {load.calls} calls answered"
+            time.sleep(0.05)
+        calls_before = load.calls
+        for _ in range(SCANS_UNDER_LOAD):
+            scanned = subprocess.run(cli_argv("scan", "--trace-store", str(db), "--format", "json"),
+                                     capture_output=True, text=True, timeout=SCAN_BOUND, cwd=tmp_path,
+                                     env=cli_env(tmp_path))
+            assert scanned.returncode == 0, scanned.stdout[-2000:] + scanned.stderr[-2000:]
+            reports.append(json.loads(scanned.stdout)["targets"][0])
+        calls_during = load.calls - calls_before
+    answered = {sid: set(ids) for sid, ids in load.answered.items()}
+    n_answered = sum(len(ids) for ids in answered.values())
+    in_file = settle(db, prefix, n_answered)
+    n_missing = sum(len(ids - in_file.get(sid, set())) for sid, ids in answered.items())
+    gateway_log = gateway.process.output()
+    summary = (f"answered {n_answered} chat calls ({calls_during} while {SCANS_UNDER_LOAD} scans ran), "
+               f"{n_missing} of their traces missing from the file; {load.failures} failed calls/reads "
+               f"{load.errors[:3]}; gateway log: {gateway_log.count('database is locked')} 'database is locked', "
+               f"{gateway_log.count('Failed to persist trace')} 'Failed to persist trace'")
+    print(summary)
+    assert calls_during > 0, summary
+    assert load.failures == 0 and n_missing == 0, summary
+    assert gateway_log.count("database is locked") == 0 and gateway_log.count("Failed to persist trace") == 0, summary
+    for report in reports:
+        assert report["up"] and report["access"] == "sqlite", report.get("error")
+        assert sorted(o["session_id"] for o in report["orphan_sessions"]) == sorted(store.orphans), summary
+        assert report["sessions"] >= STORE_SESSIONS and report["traces"] >= sum(store.kept.values()) + ORPHANS
