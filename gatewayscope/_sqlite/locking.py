@@ -111,6 +111,27 @@ def probes_supported() -> bool:
     return sys.platform.startswith("linux") and struct.calcsize(_FLOCK) == 32
 
 
+def _flock(lock_type: int, start: int, length: int) -> bytes:
+    """A struct flock for ``fcntl`` on ``length`` bytes from ``start``."""
+    return struct.pack(_FLOCK, lock_type, os.SEEK_SET, start, length, 0)
+
+
+def _conflicting(answer: bytes) -> bool:
+    """Whether ``F_GETLK``'s answer names a lock another process holds (an unlocked answer: none)."""
+    return bool(struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK)
+
+
+def _same_file(fd: int | None, identity: tuple[int, int] | None) -> bool:
+    """Whether descriptor ``fd`` still refers to the file of ``identity`` (device, inode)."""
+    if fd is None:
+        return False
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return False
+    return (info.st_dev, info.st_ino) == identity
+
+
 def open_descriptors() -> dict[int, tuple[int, int]]:
     """This process's descriptors and the (device, inode) each refers to (Linux's /proc/self/fd)."""
     found: dict[int, tuple[int, int]] = {}
@@ -157,17 +178,11 @@ class LockProbe:
                  length: int) -> None:
         self.fd = fd
         self.identity = identity
-        self._query = struct.pack(_FLOCK, lock_type, os.SEEK_SET, self.PENDING_BYTE, length, 0)
+        self._query = _flock(lock_type, self.PENDING_BYTE, length)
 
     def still_valid(self) -> bool:
         """Whether the descriptor still refers to the file it was found for (it turns the probe off if not)."""
-        if self.fd is None:
-            return False
-        try:
-            info = os.fstat(self.fd)
-        except OSError:
-            info = None
-        if info is None or (info.st_dev, info.st_ino) != self.identity:
+        if not _same_file(self.fd, self.identity):
             self.fd = None
         return self.fd is not None
 
@@ -180,7 +195,7 @@ class LockProbe:
         except OSError:  # the descriptor went away: stop asking
             self.fd = None
             return False
-        return bool(struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK)
+        return _conflicting(answer)
 
 
 class WriterProbe(LockProbe):
@@ -289,19 +304,13 @@ class ReadMarkSeal:
         return cls(None)
 
     def _still_valid(self) -> bool:
-        if self.fd is None:
-            return False
-        try:
-            info = os.fstat(self.fd)
-        except OSError:
-            info = None
-        if info is None or (info.st_dev, info.st_ino) != self.identity:
+        if not _same_file(self.fd, self.identity):
             self.fd = None
         return self.fd is not None
 
     def _lock(self, command: int, lock_type: int, start: int, length: int) -> bytes:
         assert self.fd is not None
-        return fcntl.fcntl(self.fd, command, struct.pack(_FLOCK, lock_type, os.SEEK_SET, start, length, 0))
+        return fcntl.fcntl(self.fd, command, _flock(lock_type, start, length))
 
     def seal(self) -> bool:
         """Take the write lock on every read mark if no other process holds one; False (nothing taken) if one
@@ -330,7 +339,7 @@ class ReadMarkSeal:
             answer = self._lock(fcntl.F_GETLK, fcntl.F_WRLCK, WAL_DMS_LOCK, 1)
         except OSError:
             return False
-        return bool(struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK)
+        return _conflicting(answer)
 
     def keep_off_mark_zero(self) -> bool:
         """Take an open-file-description write lock on read mark 0, so that a read our connection begins now
