@@ -53,8 +53,6 @@ def run_scan(args: argparse.Namespace) -> int:
         reading = pool.submit(take_snapshot, config, fingerprints=bool(args.save_snapshot))
         pool.shutdown(wait=False)
     from gatewayscope.analysis.findings import findings
-    from gatewayscope.render import render
-    from gatewayscope.render.jsontext import dumps_indented
     from gatewayscope.scan import scan_report
 
     snapshot = reading.result() if reading is not None else Snapshot.load(args.load_snapshot)
@@ -63,8 +61,12 @@ def run_scan(args: argparse.Namespace) -> int:
     found = findings(snapshot, config)
     report = scan_report(found)
     if args.format == "json":
+        from gatewayscope.render.jsontext import dumps_indented
+
         sys.stdout.write(dumps_indented(report) + "\n")  # json.dumps(indent=2, sort_keys=True)'s text, faster
     else:
+        from gatewayscope.render import render  # jinja2: only the text view needs it
+
         sys.stdout.write(render("scan.txt.j2", report=report, show_orphans=max(0, args.show_orphans)))
         if args.save_snapshot:
             sys.stdout.write(f"Snapshot saved to {terminal_safe(args.save_snapshot)}\n")
