@@ -293,7 +293,9 @@ async def _trace_summaries(guard: GuardedTraceStore, session_id: str) -> list[di
     """The summaries of ``session_id``'s traces whose record names it (those a read through ``POST
     /traces/query`` keeps), read from the store as that route reads them; None when one cannot be summarized."""
     found: list[dict[str, Any]] = []
-    for trace in await guard.get_session_traces(session_id):
+    for position, trace in enumerate(await guard.get_session_traces(session_id)):
+        if position and position % SUMMARY_CHUNK == 0:
+            await asyncio.sleep(0)  # a session of many traces lets the gateway's calls run too
         if isinstance(trace, dict) and trace.get("session_id") == session_id:
             summary = trace_summary(trace)
             if summary is None:
@@ -312,13 +314,13 @@ async def index_payload(guard: GuardedTraceStore, sessions: Any, *, idle_before:
     tombstoned sessions, and those of ``session_ids``, in id order after ``after``; ``created_at`` is the
     listing's (rLLM's session manager's record, else the first trace's time in the store).
 
-    With ``summaries`` each candidate also carries ``"summaries"``: per trace of it, what a scan derives from the
-    whole record (:func:`~gatewayscope.sources.rllm_trace.trace_summary`). A candidate with more traces than
-    :data:`INDEX_PAGE_SUMMARIES`, or one whose record cannot be summarized, carries none (the scan reads it
-    whole), and the page ends before the candidate whose summaries would pass that many in the answer. The
-    candidates, totals and tombstones are one moment of the index (no await while they are taken); the
-    summaries are read after, letting the event loop run between chunks, so a write or delete in between shows
-    in them as it would in the trace read that follows a listing.
+    With ``summaries`` each one-trace or tombstoned candidate also carries ``"summaries"``: per trace of it, what a
+    scan derives from the whole record (:func:`~gatewayscope.sources.rllm_trace.trace_summary`). A candidate with
+    more traces than :data:`INDEX_PAGE_SUMMARIES`, or one whose record cannot be summarized, carries none (the scan
+    reads it whole), and the page ends before the candidate whose summaries would pass that many in the answer. The
+    candidates, totals and tombstones are one moment of the index (no await while they are taken); the summaries are
+    read after, letting the event loop run between chunks, so a write or delete in between shows in them as it would
+    in the trace read that follows a listing.
     """
     index = guard.index
     assert index is not None
@@ -336,7 +338,10 @@ async def index_payload(guard: GuardedTraceStore, sessions: Any, *, idle_before:
     if summaries:
         budget, made = INDEX_PAGE_SUMMARIES, 0
         for position, (sid, count, _) in enumerate(page):  # bounded: one page
-            served = await _trace_summaries(guard, sid) if count <= INDEX_PAGE_SUMMARIES else None
+            # a scan reads the traces of one-trace and tombstoned sessions only: an ``also`` session with more
+            # traces and no tombstone is listed for its figures, and summarizing it would be work for nothing
+            wanted = count == 1 or sid in tombstoned
+            served = await _trace_summaries(guard, sid) if wanted and count <= INDEX_PAGE_SUMMARIES else None
             if served is not None and len(served) > INDEX_PAGE_SUMMARIES:
                 served = None
             if served is not None:

@@ -27,16 +27,18 @@ def as_int(value: Any) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def prompt_chars(messages: Any) -> int | None:
-    """Size of a prompt as the length of its minified JSON (the same measure the SQLite source uses)."""
+def prompt_chars(messages: Any, *, strict: bool = False) -> int | None:
+    """Size of a prompt as the length of its minified JSON (the same measure the SQLite source uses).
+    ``strict``: ValueError for a value strict JSON cannot hold (NaN, Infinity), as the gateway's own encoder."""
     if messages is None:
         return None
-    return len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False))
+    return len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False, allow_nan=not strict))
 
 
-def trace_row(trace: dict[str, Any]) -> tuple[Any, ...]:
+def trace_row(trace: dict[str, Any], *, strict: bool = False) -> tuple[Any, ...]:
     """One CANDIDATE_TRACES_SCHEMA row from a trace record (upstream's ``weight_version`` when present):
-    (session_id, trace_id, timestamp, weight_version, prompt_tokens, prompt_chars, model)."""
+    (session_id, trace_id, timestamp, weight_version, prompt_tokens, prompt_chars, model). ``strict``: see
+    :func:`prompt_chars`."""
     prompt_ids = trace.get("prompt_token_ids")
     raw_counts = trace.get("token_counts")
     token_counts: dict[str, Any] = raw_counts if isinstance(raw_counts, dict) else {}
@@ -51,7 +53,7 @@ def trace_row(trace: dict[str, Any]) -> tuple[Any, ...]:
         as_float(trace.get("timestamp")),
         as_int(weight),
         prompt_tokens,
-        prompt_chars(trace.get("messages")),
+        prompt_chars(trace.get("messages"), strict=strict),
         trace.get("model") if isinstance(trace.get("model"), str) else None,
     )
 
@@ -61,7 +63,7 @@ def trace_summary(trace: dict[str, Any]) -> dict[str, Any] | None:
     without its session id), or None when strict JSON cannot carry it (a timestamp that is not finite, messages
     that are not JSON): the scan then reads that session's records whole, as from any gateway."""
     try:
-        row = trace_row(trace)
+        row = trace_row(trace, strict=True)  # what the gateway's encoder refuses, it refuses to send whole too
     except (TypeError, ValueError, RecursionError):  # messages JSON cannot hold: the whole read says what it can
         return None
     if row[2] is not None and not math.isfinite(row[2]):

@@ -133,9 +133,12 @@ def test_the_index_answers_what_the_listing_gives_through_random_traffic() -> No
                         also = rng.sample(ids, 3)
                         expected = await truth(client, idle_before, also)
                         assert await indexed(client, idle_before, also) == expected
-                        # with summaries: the same candidates, each with the rows a read of its whole records gives
+                        # with summaries: the same candidates, each one-trace or tombstoned one with the rows a read
+                        # of its whole records gives (an ``also`` session of more traces is never a scan's candidate)
                         served = await indexed(client, idle_before, also, summaries=True)
-                        assert served.pop("summaries") == await whole_rows(client, [r[0] for r in expected["rows"]])
+                        wanted = [sid for sid, count, _ in expected["rows"]
+                                  if count == 1 or sid in expected["tombstoned"]]
+                        assert served.pop("summaries") == await whole_rows(client, wanted)
                         assert served == expected
 
     asyncio.run(scenario())
@@ -156,6 +159,27 @@ def test_a_page_is_bounded_and_the_pages_do_not_overlap() -> None:
             assert len(last["candidates"]) == 5 and last["next"] is None
             default = (await client.post("/guard/index", content=b"")).json()
             assert len(default["candidates"]) == 25
+
+    asyncio.run(scenario())
+
+
+def test_a_record_the_gateways_encoder_refuses_gets_no_summary() -> None:
+    """NaN in a caller's messages: the gateway stores it, but its own JSON encoder refuses to send the record
+    (``POST /traces/query`` fails), so the launcher serves no summary for it either and a scan reads it as any
+    read of whole records does, rather than report what a read of that gateway cannot."""
+    app, client = app_client()
+    guard: GuardedTraceStore = app.state.guard
+
+    async def scenario() -> None:
+        async with client:
+            for sid, content in (("nan:0", float("nan")), ("inf:0", float("inf")), ("fine:0", "hello")):
+                record = trace(f"{sid}-t", sid)
+                record["messages"] = [{"role": "user", "content": content}]
+                await guard.store_trace(f"{sid}-t", sid, record)
+            page = (await client.post("/guard/index", json={"summaries": True})).json()
+            served = {c["session_id"]: c.get("summaries") for c in page["candidates"]}
+            assert served["nan:0"] is None and served["inf:0"] is None
+            assert served["fine:0"] is not None and served["fine:0"][0]["prompt_chars"] > 0
 
     asyncio.run(scenario())
 
