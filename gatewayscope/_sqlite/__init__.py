@@ -8,7 +8,9 @@
   locks through SQLite's own descriptor, reads of one file taking turns, and the one way gatewayscope takes
   a write transaction on a live store;
 * :mod:`~gatewayscope._sqlite.statements`: read statements bounded in time, which end early for a writer
-  that waits on them.
+  that waits on them;
+* :mod:`~gatewayscope._sqlite.reading`: one read of a live store, its connection, probe and watch opened and
+  closed together.
 
 It knows the gateway's file and SQLite's locking, nothing of what is read or written: the rLLM source, the
 tombstone guard and the session deletes build on it, and it imports none of them.

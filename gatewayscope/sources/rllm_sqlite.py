@@ -26,15 +26,14 @@ from typing import Any, Protocol
 
 import polars as pl
 
-from gatewayscope._sqlite.locking import WriterProbe, one_reader_per_file, open_descriptors
-from gatewayscope._sqlite.open import open_store, store_error
+from gatewayscope._sqlite.locking import WriterProbe, one_reader_per_file
+from gatewayscope._sqlite.reading import reading_store
 from gatewayscope._sqlite.schema import (
     CANDIDATE_PAGE_PROBE_SQL,
     CANDIDATE_PAGE_SQL,
     FIRST_CANDIDATE_PAGE_SQL,
     FIRST_SESSION_PAGE_SQL,
     SESSION_PAGE_SQL,
-    check_trace_store,
 )
 from gatewayscope._sqlite.statements import STATEMENT_SECONDS, StatementWatch, fetch_all, fetch_for, fetch_watched
 from gatewayscope.config import Policy, Target
@@ -312,6 +311,8 @@ def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float, page_
     at read time.
     """
     assert target.path, "a SQLite trace-store target needs a path"
+    if page_size < 1:
+        raise ValueError(f"page_size must be at least 1, not {page_size}")
     with one_reader_per_file(target.path):
         return _read_trace_store_sqlite(target.path, target.timeout_seconds, policy, now=now, page_size=page_size,
                                         guard_reader=guard_reader, index_reader=None if full else index_reader,
@@ -322,83 +323,70 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
                              guard_reader: GuardReader | None,
                              index_reader: IndexReader | None = None, also: list[str] | None = None,
                              listing: bool = True) -> TraceStoreData:
-    descriptors = open_descriptors()
-    conn = open_store(path, readonly=True, busy_timeout=wait)
-    watch: StatementWatch | None = None
-    try:
-        try:
-            # every statement polls for the lock (fetch_all, fetch_for): SQLite's busy handler stays off
-            conn.execute("PRAGMA busy_timeout = 0")
-            tables = check_trace_store(conn, path, busy_timeout=wait)
-            probe = WriterProbe.for_new_descriptor(path, descriptors)  # SQLite opened the file by now
-            watch = StatementWatch(conn)
-            idle_before = now - policy.orphan_idle_seconds
-            indexed = None
-            guard_read: tuple[GuardStats | None, list[str]] | None = None
-            if index_reader is not None and guard_reader is not None:
-                # the guard first: its tombstoned sessions are candidates too, looked up in the index by key
-                guard_read = guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
-                indexed = index_reader(conn, tables, idle_before=idle_before, also=[*guard_read[1], *(also or [])],
-                                       busy_timeout=wait, page_size=page_size, watch=watch)
-            if indexed is not None:
-                assert guard_read is not None
-                guard, tombstoned = guard_read
-                sessions = _sessions_frame(indexed.rows) if indexed.rows else empty_frame(SESSIONS_SCHEMA)
-                totals: tuple[int, int] | None = (indexed.sessions, indexed.traces)
-            elif not listing and supports_candidate_pages(conn, busy_timeout=wait):
-                if guard_read is None:
-                    guard_read = (guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
-                                  if guard_reader is not None else (None, []))
-                guard, tombstoned = guard_read
-                session_total = trace_total = 0
-                wanted: list[str] = []
-                for count, traces, ids in iter_candidate_pages(conn, idle_before, busy_timeout=wait, watch=watch,
-                                                               page_limit=page_size):
-                    session_total, trace_total = session_total + count, trace_total + traces
-                    wanted += ids
-                rows = [row for page in _iter_by_session(conn, _SESSION_ROWS_SQL, [*wanted, *tombstoned, *(also or [])],
-                                                         seconds=STATEMENT_SECONDS, busy_timeout=wait, probe=probe,
-                                                         watch=watch)
-                        for row in page]
-                sessions = _sessions_frame(rows) if rows else empty_frame(SESSIONS_SCHEMA)
-                totals = (session_total, trace_total)
-            else:
-                totals = None
-                pages: list[pl.DataFrame] = []
-                for rows in iter_session_pages(conn, page_size, busy_timeout=wait, probe=probe, watch=watch):
-                    # built between statements: the gateway commits meanwhile
-                    pages.append(_sessions_frame(rows))
-                sessions = pl.concat(pages, rechunk=True) if pages else empty_frame(SESSIONS_SCHEMA)
-                del pages
-                if guard_read is None:  # read once: before the pages when the index was looked for
-                    guard_read = (guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
-                                  if guard_reader is not None else (None, []))
-                guard, tombstoned = guard_read
-            weight = current_weight_version(conn, busy_timeout=wait, watch=watch)
+    # every statement polls for the lock (fetch_all, fetch_for): SQLite's busy handler stays off
+    with reading_store(path, wait) as read:
+        conn, tables, probe, watch = read.conn, read.tables, read.probe, read.watch
+        idle_before = now - policy.orphan_idle_seconds
+        indexed = None
+        guard_read: tuple[GuardStats | None, list[str]] | None = None
+        if index_reader is not None and guard_reader is not None:
+            # the guard first: its tombstoned sessions are candidates too, looked up in the index by key
+            guard_read = guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
+            indexed = index_reader(conn, tables, idle_before=idle_before, also=[*guard_read[1], *(also or [])],
+                                   busy_timeout=wait, page_size=page_size, watch=watch)
+        if indexed is not None:
+            assert guard_read is not None
+            guard, tombstoned = guard_read
+            sessions = _sessions_frame(indexed.rows) if indexed.rows else empty_frame(SESSIONS_SCHEMA)
+            totals: tuple[int, int] | None = (indexed.sessions, indexed.traces)
+        elif not listing and supports_candidate_pages(conn, busy_timeout=wait):
+            if guard_read is None:
+                guard_read = (guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
+                              if guard_reader is not None else (None, []))
+            guard, tombstoned = guard_read
+            session_total = trace_total = 0
+            wanted: list[str] = []
+            for count, traces, ids in iter_candidate_pages(conn, idle_before, busy_timeout=wait, watch=watch,
+                                                           page_limit=page_size):
+                session_total, trace_total = session_total + count, trace_total + traces
+                wanted += ids
+            rows = [row for page in _iter_by_session(conn, _SESSION_ROWS_SQL, [*wanted, *tombstoned, *(also or [])],
+                                                     seconds=STATEMENT_SECONDS, busy_timeout=wait, probe=probe,
+                                                     watch=watch)
+                    for row in page]
+            sessions = _sessions_frame(rows) if rows else empty_frame(SESSIONS_SCHEMA)
+            totals = (session_total, trace_total)
+        else:
+            totals = None
+            pages: list[pl.DataFrame] = []
+            for rows in iter_session_pages(conn, page_size, busy_timeout=wait, probe=probe, watch=watch):
+                # built between statements: the gateway commits meanwhile
+                pages.append(_sessions_frame(rows))
+            sessions = pl.concat(pages, rechunk=True) if pages else empty_frame(SESSIONS_SCHEMA)
+            del pages
+            if guard_read is None:  # read once: before the pages when the index was looked for
+                guard_read = (guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
+                              if guard_reader is not None else (None, []))
+            guard, tombstoned = guard_read
+        weight = current_weight_version(conn, busy_timeout=wait, watch=watch)
 
-            candidates = sessions.filter(
-                (pl.col("trace_count") == 1) & (pl.col("last_trace_at") <= idle_before)
-            )["session_id"].to_list()
-            if tombstoned:
-                seen = set(candidates)
-                candidates.extend(sid for sid in tombstoned if sid not in seen)
-            trace_rows: list[tuple[Any, ...]] = []
-            for rows in _iter_candidate_traces(conn, candidates, seconds=STATEMENT_SECONDS, busy_timeout=wait,
-                                               probe=probe, watch=watch):
-                for (sid, trace_id, created, weight_v, n_ids, n_prompt, chars, model) in rows:
-                    prompt_tokens = n_ids if n_ids else n_prompt
-                    trace_rows.append((
-                        sid, trace_id, created,
-                        int(weight_v) if isinstance(weight_v, (int, float)) else None,
-                        int(prompt_tokens) if isinstance(prompt_tokens, (int, float)) else None,
-                        chars, model if isinstance(model, str) else None,
-                    ))
-        except sqlite3.Error as err:
-            raise store_error(path, err) from None
-    finally:
-        if watch is not None:
-            watch.close()
-        conn.close()
+        candidates = sessions.filter(
+            (pl.col("trace_count") == 1) & (pl.col("last_trace_at") <= idle_before)
+        )["session_id"].to_list()
+        if tombstoned:
+            seen = set(candidates)
+            candidates.extend(sid for sid in tombstoned if sid not in seen)
+        trace_rows: list[tuple[Any, ...]] = []
+        for rows in _iter_candidate_traces(conn, candidates, seconds=STATEMENT_SECONDS, busy_timeout=wait,
+                                           probe=probe, watch=watch):
+            for (sid, trace_id, created, weight_v, n_ids, n_prompt, chars, model) in rows:
+                prompt_tokens = n_ids if n_ids else n_prompt
+                trace_rows.append((
+                    sid, trace_id, created,
+                    int(weight_v) if isinstance(weight_v, (int, float)) else None,
+                    int(prompt_tokens) if isinstance(prompt_tokens, (int, float)) else None,
+                    chars, model if isinstance(model, str) else None,
+                ))
     return TraceStoreData(
         sessions=sessions,
         candidate_traces=frame_from_rows(trace_rows, CANDIDATE_TRACES_SCHEMA),

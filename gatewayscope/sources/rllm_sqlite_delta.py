@@ -41,9 +41,8 @@ from typing import Any
 
 import polars as pl
 
-from gatewayscope._sqlite.locking import WriterProbe, one_reader_per_file, open_descriptors
-from gatewayscope._sqlite.open import open_store, store_error
-from gatewayscope._sqlite.schema import check_trace_store
+from gatewayscope._sqlite.locking import WriterProbe, one_reader_per_file
+from gatewayscope._sqlite.reading import reading_store
 from gatewayscope._sqlite.statements import STATEMENT_SECONDS, StatementWatch, fetch_all, fetch_for
 from gatewayscope.config import Policy, Target
 from gatewayscope.snapshot import (
@@ -218,42 +217,30 @@ class IncrementalStore:
         except OSError:
             reason, info = "first", None  # open_store says what is wrong with the path
         started = self.clock()
-        descriptors = open_descriptors()
-        conn = open_store(path, readonly=True, busy_timeout=wait)
-        watch: StatementWatch | None = None
-        try:
-            try:
-                conn.execute("PRAGMA busy_timeout = 0")  # every statement polls for the lock
-                tables = frozenset(check_trace_store(conn, path, busy_timeout=wait))
-                if any(name.startswith(OWN_TABLE_PREFIX) for name in tables):
-                    self.state = None
-                    return None
-                watch = StatementWatch(conn)
-                run = _Read(conn, path, wait, WriterProbe.for_new_descriptor(path, descriptors), watch)
-                schema_version = int(run.all("PRAGMA schema_version")[0][0])
-                state = self.state
-                if reason is None and state is not None and (schema_version != state.schema_version
-                                                             or tables != state.tables):
-                    reason = "schema"
-                data: TraceStoreData | None = None
-                if reason is None and state is not None and info is not None:
-                    data = self._incremental(run, state, policy, now=now)
-                    if data is None:
-                        reason = "rows"
+        with reading_store(path, wait) as read:  # every statement polls for the lock
+            tables = frozenset(read.tables)
+            if any(name.startswith(OWN_TABLE_PREFIX) for name in tables):
+                self.state = None
+                return None
+            run = _Read(read.conn, path, wait, read.probe, read.watch)
+            schema_version = int(run.all("PRAGMA schema_version")[0][0])
+            state = self.state
+            if reason is None and state is not None and (schema_version != state.schema_version
+                                                         or tables != state.tables):
+                reason = "schema"
+            data: TraceStoreData | None = None
+            if reason is None and state is not None and info is not None:
+                data = self._incremental(run, state, policy, now=now)
                 if data is None:
-                    assert info is not None or reason == "first"
-                    data = self._full(run, policy, now=now, started=started, schema_version=schema_version,
-                                      tables=tables, info=info)
-                    self._count("full", reason or "rows")
-                else:
-                    self._count("incremental", None)
-                return data
-            except sqlite3.Error as err:
-                raise store_error(path, err) from None
-        finally:
-            if watch is not None:
-                watch.close()
-            conn.close()
+                    reason = "rows"
+            if data is None:
+                assert info is not None or reason == "first"
+                data = self._full(run, policy, now=now, started=started, schema_version=schema_version,
+                                  tables=tables, info=info)
+                self._count("full", reason or "rows")
+            else:
+                self._count("incremental", None)
+            return data
 
     # -- a full read ---------------------------------------------------------------------------------
 

@@ -154,6 +154,14 @@ def test_a_candidate_page_stuck_past_its_end_is_tried_smaller_then_left_to_finis
     assert [sid for _, _, found in pages for sid in found] == sorted(ids)
 
 
+def test_a_page_size_below_one_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "traces.db"
+    make_store(db, {"a:0": 1})
+    for size in (0, -1):
+        with pytest.raises(ValueError, match="page_size must be at least 1"):
+            read_trace_store_sqlite(target(db), Policy(), now=time.time(), page_size=size)
+
+
 def test_a_sqlite_without_the_candidates_statement_lists_every_session(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = tmp_path / "traces.db"
