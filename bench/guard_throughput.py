@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import sys
 import tempfile
@@ -157,28 +158,10 @@ def measure(ctx: BenchContext, kind: str, flavour: str) -> BenchResult:
     )
 
 
-@register("guard-chat-memory-0.1.0")
-def guard_chat_memory(ctx: BenchContext) -> BenchResult:
-    """The guarded launcher vs the plain 0.1.0 memory gateway."""
-    return measure(ctx, "memory", "0.1.0")
-
-
-@register("guard-chat-sqlite-0.1.0")
-def guard_chat_sqlite(ctx: BenchContext) -> BenchResult:
-    """The guard's triggers vs a plain 0.1.0 SQLite gateway."""
-    return measure(ctx, "sqlite", "0.1.0")
-
-
-@register("guard-chat-memory-upstream")
-def guard_chat_memory_upstream(ctx: BenchContext) -> BenchResult:
-    """The guarded launcher vs the plain upstream memory gateway."""
-    return measure(ctx, "memory", "upstream")
-
-
-@register("guard-chat-sqlite-upstream")
-def guard_chat_sqlite_upstream(ctx: BenchContext) -> BenchResult:
-    """The guard's triggers vs a plain upstream SQLite gateway."""
-    return measure(ctx, "sqlite", "upstream")
+# one row per guard and gateway, in the table's order: the launcher and the triggers on 0.1.0, then on upstream
+for _flavour in ("0.1.0", "upstream"):
+    for _kind in ("memory", "sqlite"):
+        register(f"guard-chat-{_kind}-{_flavour}")(functools.partial(measure, kind=_kind, flavour=_flavour))
 
 
 if __name__ == "__main__":

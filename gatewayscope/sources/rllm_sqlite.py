@@ -285,6 +285,19 @@ def _iter_trace_rows(conn: sqlite3.Connection, key: str, keys: list[Any], *, sec
         start = start + len(batch) if ended else bisect.bisect_right(keys, rows[-1][column], start)
 
 
+def candidate_trace_row(raw: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A CANDIDATE_TRACES_SCHEMA row from one row of :func:`_iter_candidate_traces` (the token ids' count, else
+    the recorded prompt count; a value of the wrong type as None)."""
+    sid, trace_id, created, weight_v, n_ids, n_prompt, chars, model = raw
+    prompt_tokens = n_ids if n_ids else n_prompt
+    return (
+        sid, trace_id, created,
+        int(weight_v) if isinstance(weight_v, (int, float)) else None,
+        int(prompt_tokens) if isinstance(prompt_tokens, (int, float)) else None,
+        chars, model if isinstance(model, str) else None,
+    )
+
+
 def _sessions_frame(rows: list[tuple[Any, ...]]) -> pl.DataFrame:
     """One page as a SESSIONS_SCHEMA frame, built column by column (cheaper than row by row)."""
     return pl.DataFrame([pl.Series(name, [row[i] for row in rows], dtype=dtype)
@@ -328,10 +341,16 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
         conn, tables, probe, watch = read.conn, read.tables, read.probe, read.watch
         idle_before = now - policy.orphan_idle_seconds
         indexed = None
+
+        def read_guard() -> tuple[GuardStats | None, list[str]]:
+            if guard_reader is None:
+                return None, []
+            return guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
+
         guard_read: tuple[GuardStats | None, list[str]] | None = None
         if index_reader is not None and guard_reader is not None:
             # the guard first: its tombstoned sessions are candidates too, looked up in the index by key
-            guard_read = guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
+            guard_read = read_guard()
             indexed = index_reader(conn, tables, idle_before=idle_before, also=[*guard_read[1], *(also or [])],
                                    busy_timeout=wait, page_size=page_size, watch=watch)
         if indexed is not None:
@@ -340,10 +359,7 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
             sessions = _sessions_frame(indexed.rows) if indexed.rows else empty_frame(SESSIONS_SCHEMA)
             totals: tuple[int, int] | None = (indexed.sessions, indexed.traces)
         elif not listing and supports_candidate_pages(conn, busy_timeout=wait):
-            if guard_read is None:
-                guard_read = (guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
-                              if guard_reader is not None else (None, []))
-            guard, tombstoned = guard_read
+            guard, tombstoned = guard_read or read_guard()
             session_total = trace_total = 0
             wanted: list[str] = []
             for count, traces, ids in iter_candidate_pages(conn, idle_before, busy_timeout=wait, watch=watch,
@@ -364,10 +380,7 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
                 pages.append(_sessions_frame(rows))
             sessions = pl.concat(pages, rechunk=True) if pages else empty_frame(SESSIONS_SCHEMA)
             del pages
-            if guard_read is None:  # read once: before the pages when the index was looked for
-                guard_read = (guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
-                              if guard_reader is not None else (None, []))
-            guard, tombstoned = guard_read
+            guard, tombstoned = guard_read or read_guard()  # read once: before the pages when the index was looked for
         weight = current_weight_version(conn, busy_timeout=wait, watch=watch)
 
         candidates = sessions.filter(
@@ -379,14 +392,7 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
         trace_rows: list[tuple[Any, ...]] = []
         for rows in _iter_candidate_traces(conn, candidates, seconds=STATEMENT_SECONDS, busy_timeout=wait,
                                            probe=probe, watch=watch):
-            for (sid, trace_id, created, weight_v, n_ids, n_prompt, chars, model) in rows:
-                prompt_tokens = n_ids if n_ids else n_prompt
-                trace_rows.append((
-                    sid, trace_id, created,
-                    int(weight_v) if isinstance(weight_v, (int, float)) else None,
-                    int(prompt_tokens) if isinstance(prompt_tokens, (int, float)) else None,
-                    chars, model if isinstance(model, str) else None,
-                ))
+            trace_rows += map(candidate_trace_row, rows)
     return TraceStoreData(
         sessions=sessions,
         candidate_traces=frame_from_rows(trace_rows, CANDIDATE_TRACES_SCHEMA),

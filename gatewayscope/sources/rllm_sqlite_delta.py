@@ -56,6 +56,7 @@ from gatewayscope.sources.rllm_sqlite import (
     SESSION_PAGE,
     TRACE_BATCH,
     _iter_candidate_traces,
+    candidate_trace_row,
     current_weight_version,
 )
 
@@ -406,14 +407,8 @@ def _read_candidates(run: _Read, session_ids: list[str]) -> dict[str, list[tuple
     out: dict[str, list[tuple[Any, ...]]] = {sid: [] for sid in session_ids}
     for rows in _iter_candidate_traces(run.conn, session_ids, seconds=STATEMENT_SECONDS, busy_timeout=run.wait,
                                        probe=run.probe, watch=run.watch):
-        for (sid, trace_id, created, weight_v, n_ids, n_prompt, chars, model) in rows:
-            prompt_tokens = n_ids if n_ids else n_prompt
-            out[sid].append((
-                sid, trace_id, created,
-                int(weight_v) if isinstance(weight_v, (int, float)) else None,
-                int(prompt_tokens) if isinstance(prompt_tokens, (int, float)) else None,
-                chars, model if isinstance(model, str) else None,
-            ))
+        for raw in rows:
+            out[raw[0]].append(candidate_trace_row(raw))
     return out
 
 
