@@ -48,7 +48,7 @@ def guard_metrics() -> list[tuple[str, str, tuple[str, ...], str]]:
     """(name, type, labels, HELP) of every family the guarded gateway's ``GuardCollector`` serves."""
     from gatewayscope.guard.gateway import GuardCollector
 
-    stats = SimpleNamespace(tombstones=0, capacity=0, dropped_writes=0, evicted=0)
+    stats = SimpleNamespace(tombstones=0, capacity=0, dropped_writes=0, evicted=0, kept_after_fence=0)
     collector = GuardCollector(SimpleNamespace(stats=lambda: stats))  # type: ignore[arg-type]
     out = []
     for family in collector.collect():

@@ -9,9 +9,9 @@ Exit codes stay with the command line: the library returns reports and raises
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gatewayscope.config import Config
@@ -30,7 +30,7 @@ def apply_plan(
     concurrency: int = 4,
     rate: float | None = None,
     max_errors: int | None = None,
-    deleted_ids: Collection[str] = (),
+    deleted_ids: Mapping[str, Any] | None = None,
     on_result: Callable[[ActionResult], None] | None = None,
 ) -> ApplyReport:
     """Apply exactly the actions of ``plan`` to the targets of ``config``, with every safeguard of
@@ -43,9 +43,12 @@ def apply_plan(
     :class:`~gatewayscope.remediate.journal.Journal`): every attempt and outcome is recorded there, an
     interrupted apply resumes from it, and an applied plan is not applied again. ``concurrency`` actions
     run at once; ``rate`` caps the writes per second; ``max_errors`` stops starting actions after that many
-    refused or unconfirmed ones. ``deleted_ids`` are the ids the plan's findings were given as deleted
-    before (the only such evidence apply accepts, with the journals the plan names). ``on_result`` is
-    called with each action's result as it settles.
+    refused or unconfirmed ones. ``deleted_ids`` are the sessions known to have been deleted before, each with
+    the moment of that delete (``{id: epoch seconds}`` or ``{target: {id: epoch seconds}}``, as
+    :func:`gatewayscope.remediate.journal.deleted_sessions` reads apply journals): apply takes "deleted before"
+    evidence only from them (and from a plan it can trust: made in this process, or signed and checked), and
+    it proves an orphan only for traces dispatched before that delete. ``on_result`` is called with each
+    action's result as it settles.
 
     Returns the :class:`~gatewayscope.remediate.apply.ApplyReport`; raises
     :class:`~gatewayscope.errors.PlanError` for a plan that cannot be applied as asked.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, overload
 
@@ -72,6 +72,19 @@ def read_target(target: Target, policy: Policy, *, now: float, transport: Any = 
     return snap
 
 
+def sessions_for(also_sessions: Collection[str] | Mapping[str, Any], target: str) -> list[str]:
+    """The ids of ``also_sessions`` a read of ``target`` includes: all of a plain collection or ``{id: time}``
+    mapping, or ``target``'s of one mapping per target name (``{target: {id: time}}``, as ``deleted_ids``).
+
+    >>> sessions_for(["a:0"], "rl"), sessions_for({"rl": {"a:0": 1.0}, "other": {"b:0": 2.0}}, "rl")
+    (['a:0'], ['a:0'])
+    """
+    if isinstance(also_sessions, Mapping) and also_sessions and all(
+            isinstance(value, Mapping) for value in also_sessions.values()):
+        return [str(sid) for sid in also_sessions.get(target) or {}]
+    return [str(sid) for sid in also_sessions]
+
+
 def take_snapshot(
     config: Config,
     *,
@@ -79,7 +92,7 @@ def take_snapshot(
     transports: dict[str, Any] | None = None,
     on_target_done: Callable[[TargetSnapshot], None] | None = None,
     fingerprints: bool = True,
-    also_sessions: Collection[str] = (),
+    also_sessions: Collection[str] | Mapping[str, Any] = (),
 ) -> Snapshot:
     """Read every target of ``config`` concurrently. ``transports`` maps a target name to an httpx transport.
 
@@ -87,7 +100,8 @@ def take_snapshot(
     measured from it. ``on_target_done`` is called with each target's read as it completes.
     ``fingerprints=False`` is for reads that only report (see :func:`read_target`): such a snapshot
     cannot be planned from. ``also_sessions``: the ids the findings will be given as deleted before (see
-    :func:`read_target`). A target that cannot be read is ``up=False`` with the sentence why:
+    :func:`read_target`; a mapping per target name gives each target its own, see :func:`sessions_for`). A
+    target that cannot be read is ``up=False`` with the sentence why:
 
     >>> from gatewayscope.config import Config, Policy, Target
     >>> config = Config(targets=[Target(name="gone", kind="rllm", path="/nonexistent/traces.db")], policy=Policy())
@@ -101,7 +115,7 @@ def take_snapshot(
 
     def work(target: Target) -> TargetSnapshot:
         snap = read_target(target, config.policy, now=taken_at, transport=transports.get(target.name),
-                           fingerprints=fingerprints, also_sessions=also_sessions)
+                           fingerprints=fingerprints, also_sessions=sessions_for(also_sessions, target.name))
         if on_target_done:
             on_target_done(snap)
         return snap
@@ -147,11 +161,12 @@ def target_report(found: TargetFindings) -> dict[str, Any]:
 @overload
 def scan_report(found: Findings) -> dict[str, Any]: ...
 @overload
-def scan_report(found: Snapshot, config: Config, *, deleted_ids: Collection[str] = ()) -> dict[str, Any]: ...
+def scan_report(found: Snapshot, config: Config, *,
+                deleted_ids: Mapping[str, Any] | None = None) -> dict[str, Any]: ...
 
 
 def scan_report(found: Findings | Snapshot, config: Config | None = None, *,
-                deleted_ids: Collection[str] = ()) -> dict[str, Any]:
+                deleted_ids: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The whole scan as one JSON-able document: the shape of ``gatewayscope scan --format json``.
 
     Give the :class:`~gatewayscope.analysis.findings.Findings` of a snapshot; a Snapshot with its config (and

@@ -40,6 +40,8 @@ CANDIDATE_TRACES_SCHEMA: dict[str, Any] = {
     "prompt_tokens": pl.Int64,
     "prompt_chars": pl.Int64,
     "model": pl.String,
+    #: the latest moment the trace's request can have reached the gateway (gatewayscope.orphan_rule.dispatched_at)
+    "dispatched_at": pl.Float64,
 }
 
 #: one row per Bifrost provider record, secrets already stripped
@@ -83,6 +85,11 @@ class TraceStoreData:
     candidate_traces: pl.DataFrame
     #: ids among ``sessions`` that carry a tombstone (the guard says they were deleted before)
     tombstoned_ids: list[str] = field(default_factory=list)
+    #: the fence of each of ``tombstoned_ids`` whose time the guard gave: the moment of its latest delete (or
+    #: backfill). A tombstoned id missing here has an unknown fence (an older guard's ban: see orphan_rule)
+    fences: dict[str, float] = field(default_factory=dict)
+    #: those of ``tombstoned_ids`` that the guard saw written again after their fence (a new use of the id)
+    reused_ids: list[str] = field(default_factory=list)
     current_weight_version: int | None = None
     guard: GuardStats | None = None
     #: feature probes: {"weight_version": bool, "batch_delete": bool, "guard": bool, ...}
@@ -178,6 +185,8 @@ class Snapshot:
                     "sessions": f"{prefix}_sessions.parquet",
                     "candidate_traces": f"{prefix}_candidate_traces.parquet",
                     "tombstoned_ids": data.tombstoned_ids,
+                    "fences": data.fences,
+                    "reused_ids": data.reused_ids,
                     "current_weight_version": data.current_weight_version,
                     "guard": dataclasses.asdict(data.guard) if data.guard else None,
                     "capabilities": data.capabilities,
@@ -226,10 +235,15 @@ class Snapshot:
             snap = TargetSnapshot(**entry)
             if ts_entry:
                 guard = ts_entry.get("guard")
+                traces = pl.read_parquet(src / ts_entry["candidate_traces"])
+                if "dispatched_at" not in traces.columns:  # saved before fences: no dispatch times were read
+                    traces = traces.with_columns(pl.lit(None, dtype=pl.Float64).alias("dispatched_at"))
                 snap.trace_store = TraceStoreData(
                     sessions=pl.read_parquet(src / ts_entry["sessions"]),
-                    candidate_traces=pl.read_parquet(src / ts_entry["candidate_traces"]),
+                    candidate_traces=traces,
                     tombstoned_ids=list(ts_entry.get("tombstoned_ids") or []),
+                    fences={str(k): float(v) for k, v in (ts_entry.get("fences") or {}).items()},
+                    reused_ids=list(ts_entry.get("reused_ids") or []),
                     current_weight_version=ts_entry.get("current_weight_version"),
                     guard=GuardStats(**guard) if guard else None,
                     capabilities=dict(ts_entry.get("capabilities") or {}),

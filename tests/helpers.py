@@ -56,8 +56,10 @@ def start_server(name: str, make_argv: Callable[[int], list[str]], health_path: 
 
 # -- SQLite trace stores written by the gateway's own store class -------------------------------------------
 
-def write_store(path: Path, sessions: dict[str, int], *, start: int = 0) -> None:
-    """Write ``sessions`` (id -> traces) through the gateway's own SqliteTraceStore."""
+def write_store(path: Path, sessions: dict[str, int], *, start: int = 0, sent_before: float = 0.0) -> None:
+    """Write ``sessions`` (id -> traces) through the gateway's own SqliteTraceStore. ``sent_before``: the calls
+    were dispatched that many seconds before their traces are written (their records' ``latency_ms``), as a
+    straggler's was: before the delete it lands after."""
     rllm_sqlite = pytest.importorskip("rllm_model_gateway.store.sqlite_store", reason="needs rllm-model-gateway")
 
     async def go() -> None:
@@ -65,7 +67,8 @@ def write_store(path: Path, sessions: dict[str, int], *, start: int = 0) -> None
         for sid, count in sessions.items():
             for i in range(start, start + count):
                 data = {"trace_id": f"{sid}/{i}", "session_id": sid, "messages": [{"role": "user", "content": "x"}],
-                        "prompt_token_ids": list(range(20)), "model": "stub", "timestamp": time.time()}
+                        "prompt_token_ids": list(range(20)), "model": "stub", "timestamp": time.time(),
+                        "latency_ms": sent_before * 1000.0}
                 await store.store_trace(f"{sid}/{i}", sid, data)
         await store.close()
 

@@ -77,7 +77,7 @@ def guarded_store(path: Path) -> None:
     set_times(path, "live:1", [3 * HOUR, 30.0])
     sqlite_guard.install(path)
     sqlite_guard.add_tombstones(path, ["taskX:0", "taskX:1", "gone:0"])
-    write_store(path, {"gone:0": 1})  # a straggler for a deleted session: the guard drops it
+    write_store(path, {"gone:0": 1}, sent_before=HOUR)  # a straggler for a deleted session: the guard drops it
 
 
 def normalise(text: str, tmp_path: Path, port: int | None = None) -> str:

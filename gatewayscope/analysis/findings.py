@@ -17,7 +17,7 @@ Pure: frames in, frames out, no I/O and no clock (``now`` is the snapshot's ``ta
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ from gatewayscope.analysis.pools import (
 from gatewayscope.analysis.posture import SAFE_POSTURE, posture_drift
 from gatewayscope.config import DEFAULT_MEMORY_LIMIT_BYTES, Config, Policy
 from gatewayscope.errors import GatewayscopeError
+from gatewayscope.orphan_rule import delete_fences
 from gatewayscope.snapshot import (
     REACHABILITY_SCHEMA,
     RECORDS_SCHEMA,
@@ -136,11 +137,13 @@ def _pools(classified: pl.DataFrame, policy: Policy) -> pl.DataFrame:
 
 def target_findings(snap: TargetSnapshot, policy: Policy, *, now: float,
                     memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
-                    deleted_ids: Collection[str] = ()) -> TargetFindings:
+                    deleted_ids: Mapping[str, Any] | None = None) -> TargetFindings:
     """The findings of one target's read, as of ``now``.
 
     ``memory_limit_bytes`` is the Bifrost gateway's memory limit (the target's ``memory_limit_bytes``);
-    ``deleted_ids`` are session ids known to have been deleted before (they confirm an orphan).
+    ``deleted_ids`` maps session ids known to have been deleted before to the moment of that delete, for
+    every target or per target name (see :func:`gatewayscope.orphan_rule.delete_fences`): they confirm an
+    orphan whose traces were all dispatched before it.
     The exporter calls this once per read; :func:`findings` once per target of a snapshot.
     """
     state: dict[str, Any] = {
@@ -150,7 +153,7 @@ def target_findings(snap: TargetSnapshot, policy: Policy, *, now: float,
     }
     if snap.trace_store is not None:
         data = snap.trace_store
-        orphans = find_orphans(data, policy, now, deleted_ids=deleted_ids)
+        orphans = find_orphans(data, policy, now, deleted_ids=delete_fences(deleted_ids, snap.name))
         by_task = orphans_by_task(orphans)
         return TargetFindings(**state, orphans=orphans, orphans_by_task=by_task, guard=data.guard,
                               summary=trace_store_summary(data, orphans, now, by_task=by_task))
@@ -215,7 +218,7 @@ class Findings:
     unreachable: pl.DataFrame = field(repr=False)
     guard: pl.DataFrame = field(repr=False)
     snapshot: Snapshot = field(repr=False)
-    deleted_ids: Collection[str] = field(default=(), repr=False)
+    deleted_ids: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     def target(self, name: str) -> TargetFindings:
         """One target's findings, by name (KeyError naming the known targets otherwise)."""
@@ -261,7 +264,7 @@ def _posture_rows(found: TargetFindings) -> list[dict[str, Any]]:
     return rows
 
 
-def _check_index_reads(snapshot: Snapshot, deleted: Collection[str]) -> None:
+def _check_index_reads(snapshot: Snapshot, deleted: Mapping[str, Any]) -> None:
     """A store read for its candidates (from the guard's orphan index, or a SQLite file aggregated inside SQLite)
     holds only the candidate sessions and the ones the read was asked for: a deleted id it was not asked for may
     be back unseen, so confirming orphans needs the ids at read time. Raises GatewayscopeError saying so, rather
@@ -272,7 +275,7 @@ def _check_index_reads(snapshot: Snapshot, deleted: Collection[str]) -> None:
         data = snap.trace_store
         if data is None or data.session_total is None:
             continue
-        unread = sorted(sid for sid in deleted if sid not in data.also_read)
+        unread = sorted(sid for sid in delete_fences(deleted, snap.name) if sid not in data.also_read)
         if unread:
             raise GatewayscopeError(
                 f"{terminal_safe(snap.name)} was read for its orphan candidates only (from its guard's orphan index, "
@@ -281,14 +284,15 @@ def _check_index_reads(snapshot: Snapshot, deleted: Collection[str]) -> None:
                 "(take_snapshot(config, also_sessions=deleted_ids); gatewayscope plan --deleted-from does).")
 
 
-def findings(snapshot: Snapshot, config: Config, *, deleted_ids: Collection[str] = ()) -> Findings:
+def findings(snapshot: Snapshot, config: Config, *, deleted_ids: Mapping[str, Any] | None = None) -> Findings:
     """The findings of every target of ``snapshot`` under ``config``'s policy, as of ``snapshot.taken_at``.
 
     ``config`` gives the policy and each Bifrost target's memory limit (a target the config does not name,
-    as in a snapshot loaded from elsewhere, is judged against the default limit). ``deleted_ids`` are
-    session ids known to have been deleted before: such a session that is back is a confirmed orphan. A
-    mapping from id to the journal that recorded its delete is kept as given, so a plan can name that
-    evidence.
+    as in a snapshot loaded from elsewhere, is judged against the default limit). ``deleted_ids`` maps
+    session ids known to have been deleted before to the moment of that delete (``{id: epoch seconds}`` for
+    every target, or ``{target: {id: epoch seconds}}``, as :func:`gatewayscope.remediate.journal.deleted_sessions`
+    reads them from an apply journal): such a session
+    whose traces were all dispatched before that moment is a confirmed orphan; one used again since is not.
 
     >>> from gatewayscope.config import Config, Policy, Target
     >>> from gatewayscope.snapshot import (CANDIDATE_TRACES_SCHEMA, SESSIONS_SCHEMA, Snapshot, TargetSnapshot,
@@ -297,7 +301,7 @@ def findings(snapshot: Snapshot, config: Config, *, deleted_ids: Collection[str]
     >>> data = TraceStoreData(
     ...     sessions=frame_from_rows([("task:0", 1, now - 9000, None), ("task:1", 3, now - 60, now - 5)],
     ...                              SESSIONS_SCHEMA),
-    ...     candidate_traces=frame_from_rows([("task:0", "t0", now - 9000, None, 120, 480, "m")],
+    ...     candidate_traces=frame_from_rows([("task:0", "t0", now - 9000, None, 120, 480, "m", now - 9001)],
     ...                                      CANDIDATE_TRACES_SCHEMA))
     >>> snapshot = Snapshot(taken_at=now, targets=[TargetSnapshot(
     ...     name="rl", kind="rllm", address="http://rl:9090", up=True, started_at=now, duration_seconds=0.1,
@@ -310,7 +314,8 @@ def findings(snapshot: Snapshot, config: Config, *, deleted_ids: Collection[str]
     (1, 2)
     """
     policy = dataclasses.replace(config.policy, warnings=list(config.policy.warnings))
-    deleted: Collection[str] = dict(deleted_ids) if isinstance(deleted_ids, Mapping) else frozenset(deleted_ids)
+    delete_fences(deleted_ids)  # refuses ids without the time of their delete, before anything is judged
+    deleted: Mapping[str, Any] = dict(deleted_ids or {})
     _check_index_reads(snapshot, deleted)
     limits = {t.name: t.memory_limit_bytes for t in config.targets}
     now = snapshot.taken_at

@@ -1,25 +1,29 @@
-"""Orphan sessions of the rLLM trace store, defined once.
+"""Orphan sessions of the rLLM trace store.
 
-Pure functions: frames in, frames out, ``now`` passed in. A session is an orphan when
+Pure functions: frames in, frames out, ``now`` passed in. The rule itself, and the tombstone fence it rests
+on, lives in :mod:`gatewayscope.orphan_rule` (shared with the guards, the sources and apply); this applies it
+to a whole store at once. A session is an orphan when
 
-* **confirmed**: its id carries a tombstone (the guard saw it deleted), or it was observed deleted
-  before (``deleted_ids``, e.g. from an apply journal) and came back;
+* **confirmed**: every trace it still has was dispatched before its fence: its tombstone's (the guard saw it
+  deleted, and did not see it written again after), or a recorded earlier delete's (``deleted_ids``, e.g. from
+  an apply journal, each with the moment of that delete);
 * **suspected**: exactly one trace, idle longer than ``policy.orphan_idle_seconds``, and, where the
   gateway reports weight versions and the trace carries one, older than the current version by more
   than ``policy.max_weight_lag``.
 
-A live session (a recent trace, or one at the current weight version) is never called an orphan:
-a false positive leads to deleting training data.
+A live session (a recent trace, or one at the current weight version, or one used again after its delete)
+is never called an orphan: a false positive leads to deleting training data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Mapping
 from typing import Any
 
 import polars as pl
 
 from gatewayscope.config import Policy
+from gatewayscope.orphan_rule import UNKNOWN_FENCE, before_fence_expr, confidence_expr
 from gatewayscope.snapshot import TraceStoreData
 
 ORPHANS_SCHEMA: dict[str, Any] = {
@@ -48,52 +52,78 @@ def task_of(session_id: pl.Expr) -> pl.Expr:
     ).otherwise(session_id)
 
 
+def _fence_frame(data: TraceStoreData, deleted_ids: Mapping[str, float]) -> pl.DataFrame:
+    """Per fenced session: its tombstone's fence (infinite when the guard gave none), whether the guard saw it
+    written after that fence, and the latest recorded earlier delete."""
+    ids = sorted(set(data.tombstoned_ids) | set(deleted_ids))
+    tombstoned = set(data.tombstoned_ids)
+    reused = set(data.reused_ids)
+    return pl.DataFrame({
+        "session_id": ids,
+        "_tombstone_fence": [data.fences.get(sid, UNKNOWN_FENCE) if sid in tombstoned else None for sid in ids],
+        "_reused": [sid in reused for sid in ids],
+        "_deleted_fence": [deleted_ids.get(sid) for sid in ids],
+    }, schema={"session_id": pl.String, "_tombstone_fence": pl.Float64, "_reused": pl.Boolean,
+               "_deleted_fence": pl.Float64})
+
+
 def find_orphans(
     data: TraceStoreData,
     policy: Policy,
     now: float,
     *,
-    deleted_ids: Collection[str] = (),
+    deleted_ids: Mapping[str, float] | None = None,
 ) -> pl.DataFrame:
-    """Every orphan session with its confidence, age, weight lag and prompt size (ORPHANS_SCHEMA)."""
+    """Every orphan session with its confidence, age, weight lag and prompt size (ORPHANS_SCHEMA).
+
+    ``deleted_ids`` maps session ids known to have been deleted before to the moment of that delete: only the
+    traces dispatched before it make such a session a confirmed orphan (the id may be in use again since)."""
+    deleted = dict(deleted_ids or {})
     traces = data.candidate_traces.group_by("session_id").agg(
         pl.col("timestamp").max().alias("candidate_last_at"),
         pl.col("weight_version").max().alias("weight_version"),
         pl.col("prompt_tokens").max().alias("prompt_tokens"),
         pl.col("prompt_chars").max().alias("prompt_chars"),
+        # every trace's dispatch time must be known for "all of them before the fence"
+        pl.when(pl.col("dispatched_at").null_count() == 0).then(pl.col("dispatched_at").max())
+        .alias("_latest_dispatch"),
+        pl.len().alias("_traces_read"),
     )
-    confirmed_ids = pl.Series("session_id", sorted(set(data.tombstoned_ids) | set(deleted_ids)), dtype=pl.String)
+    fences = _fence_frame(data, deleted)
     current = data.current_weight_version
-    # Only a confirmed session or a one-trace one not known to be fresh can be an orphan: the rest are left out
+    # Only a fenced session or a one-trace one not known to be fresh can be an orphan: the rest are left out
     # before the join (a full read lists every session), by the same idle comparison as below.
     maybe = (pl.col("trace_count") == 1) & (
         pl.col("last_trace_at").is_null() | ((pl.lit(now) - pl.col("last_trace_at")) > policy.orphan_idle_seconds))
     frame = (
-        data.sessions.filter(maybe | pl.col("session_id").is_in(confirmed_ids.implode()))
+        data.sessions.filter(maybe | pl.col("session_id").is_in(fences["session_id"].implode()))
         .join(traces, on="session_id", how="left")
+        .join(fences, on="session_id", how="left")
         .with_columns(
             pl.coalesce("last_trace_at", "candidate_last_at").alias("last_trace_at"),
-            pl.col("session_id").is_in(confirmed_ids.implode()).alias("_confirmed"),
+            # a session read with fewer traces than it has (it grew during the read) has an unknown latest dispatch
+            pl.when(pl.col("_traces_read") >= pl.col("trace_count")).then(pl.col("_latest_dispatch"))
+            .alias("_latest_dispatch"),
         )
         .with_columns(
             (pl.lit(now) - pl.col("last_trace_at")).alias("idle_seconds"),
             (pl.lit(current, dtype=pl.Int64) - pl.col("weight_version")).alias("weight_lag"),
         )
+        .with_columns(confidence_expr(
+            trace_count=pl.col("trace_count"), idle_seconds=pl.col("idle_seconds"),
+            latest_dispatch=pl.col("_latest_dispatch"), weight_lag=pl.col("weight_lag"),
+            tombstone_fence=pl.col("_tombstone_fence"), reused=pl.col("_reused"),
+            deleted_fence=pl.col("_deleted_fence"), idle_threshold=policy.orphan_idle_seconds,
+            max_weight_lag=policy.max_weight_lag).alias("confidence"))
+        .filter(pl.col("confidence").is_not_null())
+        .with_columns(task_of(pl.col("session_id")).alias("task"))
     )
-    idle = pl.col("idle_seconds") > policy.orphan_idle_seconds
-    # only where both the gateway's current version and the trace's are known does the lag decide
-    stale = pl.col("weight_lag").is_null() | (pl.col("weight_lag") > policy.max_weight_lag)
-    suspected = (pl.col("trace_count") == 1) & idle.fill_null(False) & stale
-    frame = frame.filter(pl.col("_confirmed") | suspected).with_columns(
-        pl.when(pl.col("_confirmed")).then(pl.lit("confirmed")).otherwise(pl.lit("suspected")).alias("confidence"),
-        task_of(pl.col("session_id")).alias("task"),
-    )
-    deleted = pl.Series(sorted(deleted_ids), dtype=pl.String).implode()
-    tombstoned = pl.Series(sorted(data.tombstoned_ids), dtype=pl.String).implode()
+    tombstone_confirmed = (before_fence_expr(pl.col("_latest_dispatch"), pl.col("_tombstone_fence"))
+                           & ~pl.col("_reused").fill_null(False))
     reason = (
-        pl.when(pl.col("session_id").is_in(tombstoned))
+        pl.when((pl.col("confidence") == "confirmed") & tombstone_confirmed)
         .then(pl.lit("carries a tombstone: it was deleted and a late write brought it back"))
-        .when(pl.col("session_id").is_in(deleted))
+        .when(pl.col("confidence") == "confirmed")
         .then(pl.lit("was deleted before and came back"))
         .otherwise(
             pl.format(
@@ -157,6 +187,7 @@ def trace_store_summary(data: TraceStoreData, orphans: pl.DataFrame, now: float,
             "tombstones": data.guard.tombstones,
             "tombstone_capacity": data.guard.capacity,
             "dropped_writes": data.guard.dropped_writes,
+            "kept_after_fence": data.guard.kept_after_fence,
             "evicted": data.guard.evicted,
             "triggers_intact": data.guard.triggers_intact,
             "top_droppers": data.guard.top_droppers[:5],

@@ -4,12 +4,43 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 
 from gatewayscope._text import terminal_safe
 from gatewayscope.config import Config, Policy, build_config, load_config
 
 DEFAULT_CONFIG_ENV = "GATEWAYSCOPE_CONFIG"
+
+
+def non_negative_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0 (``inf`` and ``nan`` are refused with a sentence)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, not {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, not {text!r}")
+    return value
+
+
+def add_policy_arguments(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """The orphan rule's thresholds as flags (``plan`` and ``apply`` take the same ones)."""
+    group.add_argument("--orphan-idle-seconds", type=non_negative_seconds, metavar="SECONDS",
+                       help="a one-trace session idle longer than this is a suspected orphan (default 7200)")
+    group.add_argument("--max-weight-lag", type=non_negative_int, metavar="N",
+                       help="allowed weight-version staleness before an idle session is suspect (default 2)")
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,10 +56,7 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
                             "(overrides timeout_seconds)")
     group.add_argument("--max-body-bytes", type=int, metavar="BYTES",
                        help="the largest answer read from any target (overrides max_body_bytes; default 512 MiB)")
-    group.add_argument("--orphan-idle-seconds", type=float, metavar="SECONDS",
-                       help="a one-trace session idle longer than this is a suspected orphan (default 7200)")
-    group.add_argument("--max-weight-lag", type=int, metavar="N",
-                       help="allowed weight-version staleness before an idle session is suspect (default 2)")
+    add_policy_arguments(group)
 
 
 def config_from_args(args: argparse.Namespace, *, require_targets: bool = True) -> Config:

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gatewayscope._text import terminal_safe
-from gatewayscope.cli.common import DEFAULT_CONFIG_ENV, add_target_arguments, config_from_args
+from gatewayscope.cli.common import DEFAULT_CONFIG_ENV, add_policy_arguments, add_target_arguments, config_from_args
 from gatewayscope.config import Config, Policy, Target, is_remote_address, load_config
 from gatewayscope.errors import ConfigError, PlanError
-from gatewayscope.remediate.journal import Journal
+from gatewayscope.remediate.journal import Journal, deleted_sessions
 from gatewayscope.remediate.kinds import ACTION_KINDS, PLAN_FORMATS
 
 if TYPE_CHECKING:  # the heavy modules load only when a command runs
@@ -45,7 +45,8 @@ def register(subparsers: Any) -> None:
     plan.add_argument("--tombstone-ids", metavar="FILE",
                       help="also tombstone these session ids (one per line) on guarded stores")
     plan.add_argument("--deleted-from", action="append", default=[], metavar="JOURNAL",
-                      help="an earlier apply's journal: sessions it deleted that came back are confirmed orphans")
+                      help="an earlier apply's journal (repeatable): a session it deleted whose traces all came "
+                           "before that delete is a confirmed orphan; one used again since is not")
     plan.set_defaults(func=run_plan)
 
     show = subparsers.add_parser("show", help="render a plan for review (text, Markdown or HTML)",
@@ -81,6 +82,14 @@ def register(subparsers: Any) -> None:
                             "time per target, taking at most 75%% of the gateway's time)")
     apply.add_argument("--max-errors", type=int, metavar="N",
                        help="stop starting actions after N refused or unconfirmed ones")
+    apply.add_argument("--deleted-from", action="append", default=[], metavar="JOURNAL",
+                       help="an earlier apply's journal (repeatable): the only evidence apply takes that a session "
+                            "was deleted before (give the ones the plan was made with); never read from the plan")
+    apply.add_argument("--ignore-signature", action="store_true",
+                       help="apply a signed plan where no plan key is set, as an unsigned one")
+    policy = apply.add_argument_group("policy (the thresholds apply re-checks each delete against; default: the "
+                                      "config's)")
+    add_policy_arguments(policy)
     apply.set_defaults(func=run_apply)
 
 
@@ -93,9 +102,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     tombstone_ids = read_ids_file(args.tombstone_ids) if args.tombstone_ids else []
-    deleted: dict[str, str] = {}  # id -> the journal that recorded its delete (apply re-checks it there)
-    for path in args.deleted_from:
-        deleted.update(dict.fromkeys(deleted_session_ids(Journal(path)), str(Path(path).resolve())))
+    # target -> {id: when its delete was first sent}: the fence each earlier delete sets
+    deleted = deleted_sessions(*(Journal(path) for path in args.deleted_from))
     snapshot = take_snapshot(config, also_sessions=deleted)
     found = findings(snapshot, config, deleted_ids=deleted)
     plan = build_plan(found, only=args.only or (), include_suspected=args.include_suspected,
@@ -105,17 +113,27 @@ def run_plan(args: argparse.Namespace) -> int:
     except OSError as err:
         raise PlanError(f"Cannot write the plan to {args.out}: {err.strerror or err}.") from None
     sys.stdout.write(render_plan(plan, "text"))
-    config_flag = f" --config {config.source}" if config.source else ""
     sys.stdout.write(f"\nPlan written to {args.out}. Review it with 'gatewayscope show {args.out}', try it with "
-                     f"'gatewayscope apply {args.out}{config_flag}' (a dry run), then add --yes"
+                     f"'{apply_command(args, config, plan)}' (a dry run), then add --yes"
                      f"{' --allow-delete' if any(a.destructive for a in plan.actions) else ''}.\n")
     return 0 if found.up else 1
 
 
-def deleted_session_ids(journal: Journal) -> set[str]:
-    """Sessions an earlier apply deleted (from its journal)."""
-    return {str(r["subject"]) for r in journal.read()
-            if r.get("event") == "outcome" and r.get("kind") == "session_delete" and r.get("outcome") == "done"}
+def apply_command(args: argparse.Namespace, config: Config, plan: Plan) -> str:
+    """The apply command that checks ``plan`` as it was made: its config, the policy flags and the journals
+    given to ``plan`` (apply takes its evidence and thresholds from its own command line, never from the plan)."""
+    import shlex
+
+    words = ["gatewayscope", "apply", args.out]
+    if config.source:
+        words += ["--config", config.source]
+    if args.orphan_idle_seconds is not None:
+        words += ["--orphan-idle-seconds", f"{args.orphan_idle_seconds:g}"]
+    if args.max_weight_lag is not None:
+        words += ["--max-weight-lag", str(args.max_weight_lag)]
+    for path in args.deleted_from:
+        words += ["--deleted-from", path]
+    return terminal_safe(" ".join(shlex.quote(str(word)) for word in words))
 
 
 def run_show(args: argparse.Namespace) -> int:
@@ -153,7 +171,7 @@ def _print_result(result: ActionResult) -> None:
 
 
 def run_apply(args: argparse.Namespace) -> int:
-    from gatewayscope.remediate.apply import ApplyOptions, apply_plan
+    from gatewayscope.remediate.apply import ApplyOptions, apply_plan, stricter_than_planned
     from gatewayscope.remediate.plan import load_plan
 
     if args.concurrency < 1:
@@ -162,8 +180,15 @@ def run_apply(args: argparse.Namespace) -> int:
         raise ConfigError("--rate: expected a positive number of writes per second")
     if args.max_errors is not None and args.max_errors < 1:
         raise ConfigError("--max-errors: expected a whole number >= 1")
-    plan = load_plan(args.plan)
+    plan = load_plan(args.plan, ignore_signature=args.ignore_signature)
     config = config_for_plan(plan, args.config)
+    if args.orphan_idle_seconds is not None:
+        config.policy.orphan_idle_seconds = args.orphan_idle_seconds
+    if args.max_weight_lag is not None:
+        config.policy.max_weight_lag = args.max_weight_lag
+    for sentence in stricter_than_planned(plan, config.policy):  # before anything is read: a dry run says it too
+        sys.stderr.write(terminal_safe(sentence) + "\n")
+    deleted = deleted_sessions(*(Journal(path) for path in args.deleted_from))
     journal_path = Path(args.journal) if args.journal else Path(args.plan).with_suffix(".journal.jsonl")
     journal = Journal(journal_path)
     options = ApplyOptions(write=args.yes, allow_delete=args.allow_delete, concurrency=args.concurrency,
@@ -173,7 +198,7 @@ def run_apply(args: argparse.Namespace) -> int:
     with tqdm(total=len(plan.actions), desc="apply" if args.yes else "dry run", unit="action",
               file=sys.stderr, disable=None) as bar:
         report = apply_plan(plan, config, options=replace(options), journal=journal,
-                            on_result=lambda _r: bar.update(1))
+                            on_result=lambda _r: bar.update(1), deleted_ids=deleted)
     return _print_report(report, plan, args, journal_path)
 
 

@@ -70,9 +70,9 @@ _SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("gatewayscope_trace_store_traces", "gauge", ("target",),
                "Traces the rLLM trace store holds across all its sessions."),
     MetricSpec("gatewayscope_trace_store_orphan_sessions", "gauge", ("target", "confidence"),
-               "Orphan sessions in the rLLM trace store: confirmed (carries a tombstone or was seen deleted "
-               "before) or suspected (one trace, idle past the policy's orphan_idle_seconds, behind the current "
-               "weight version where known)."),
+               "Orphan sessions in the rLLM trace store: confirmed (every trace it has was dispatched before its "
+               "latest delete: its tombstone's, or one an apply journal recorded) or suspected (one trace, idle "
+               "past the policy's orphan_idle_seconds, behind the current weight version where known)."),
     MetricSpec("gatewayscope_trace_store_oldest_orphan_age_seconds", "gauge", ("target",),
                "Seconds since the newest trace of the oldest orphan session was written, as of the read; 0 when "
                "there is no orphan."),
@@ -82,8 +82,13 @@ _SPECS: tuple[MetricSpec, ...] = (
                "Most tombstones the guard keeps before evicting the oldest; 0 means unlimited (SQLite triggers) "
                "or disabled (guarded launcher with --max-tombstones 0)."),
     MetricSpec("gatewayscope_trace_store_dropped_writes_total", "counter", ("target",),
-               "Trace writes the guard dropped because their session had been deleted (each would have "
-               "resurrected an orphan); resets when a guarded launcher restarts."),
+               "Trace writes the guard dropped because their request reached the gateway before their session's "
+               "latest delete (stragglers: each would have resurrected an orphan); resets when a guarded launcher "
+               "restarts."),
+    MetricSpec("gatewayscope_trace_store_kept_after_fence_writes_total", "counter", ("target",),
+               "Trace writes the guard kept for a deleted session id because their request reached the gateway "
+               "after its latest delete (new uses of the id: rLLM reuses ids across steps and retries); resets "
+               "when a guarded launcher restarts."),
     MetricSpec("gatewayscope_bifrost_provider_records", "gauge", ("target", "kind"),
                "Stored Bifrost provider records, by kind (standard|custom; Anthropic lanes count as custom)."),
     MetricSpec("gatewayscope_bifrost_parked_workers", "gauge", ("target", "kind"),
@@ -285,6 +290,8 @@ def _trace_store_samples(found: TargetFindings) -> list[Sample]:
             Sample("gatewayscope_trace_store_tombstones", (name,), float(found.guard.tombstones)),
             Sample("gatewayscope_trace_store_tombstone_capacity", (name,), float(found.guard.capacity)),
             Sample("gatewayscope_trace_store_dropped_writes_total", (name,), float(found.guard.dropped_writes)),
+            Sample("gatewayscope_trace_store_kept_after_fence_writes_total", (name,),
+                   float(found.guard.kept_after_fence)),
         ]
     return samples
 

@@ -17,6 +17,8 @@ class GuardStats:
     capacity: int  # 0 = unlimited (SQLite) or disabled (memory, max_tombstones=0); see ``enabled``
     dropped_writes: int
     evicted: int = 0
+    #: trace writes kept for a tombstoned id because they reached the gateway after its fence (new uses of the id)
+    kept_after_fence: int = 0
     enabled: bool = True
     triggers_intact: bool | None = None  # SQLite only
     top_droppers: list[dict[str, Any]] = field(default_factory=list)  # [{"session_id", "dropped"}]

@@ -7,10 +7,11 @@ behave identically), builds the store rLLM would build, wraps it in a
 :class:`~gatewayscope.guard.memory.GuardedTraceStore` (``--max-tombstones N``, default 1,000,000,
 ``0`` disables the guard), and serves rLLM's own app with uvicorn exactly as rLLM's ``main`` does.
 
-What it adds to the gateway's API:
+What it adds to the gateway:
 
-* an explicit ``POST /sessions`` for a tombstoned id lifts its tombstone (rLLM's retry deletes a
-  session and re-creates the same uid); a bare trace write never does;
+* every proxied request is stamped with the moment it reached the gateway (an outermost ASGI middleware), and
+  the stamp follows it into the fire-and-forget persist task, so the guard tells a straggler (its request came
+  before its session's latest delete: dropped) from a new use of the id (after it: kept) exactly;
 * ``GET /guard/status``, ``POST /guard/tombstones`` (backfill), ``POST /guard/tombstones/check``,
   ``DELETE /guard/tombstones/{session_id}``;
 * with ``--store memory``, ``POST /guard/index``: the orphan index the guard keeps in process (the store's
@@ -31,16 +32,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
-import functools
 import inspect
 import json
 import logging
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gatewayscope.errors import ConfigError, GatewayscopeError
-from gatewayscope.guard.memory import DEFAULT_MAX_TOMBSTONES, DEFAULT_TOP_DROPPERS, GuardedTraceStore
+from gatewayscope.guard.memory import (
+    DEFAULT_MAX_TOMBSTONES,
+    DEFAULT_TOP_DROPPERS,
+    REQUEST_ARRIVAL,
+    GuardedTraceStore,
+)
 from gatewayscope.sources.rllm_trace import trace_summary
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -65,8 +71,12 @@ METRIC_HELP = {
         "0 means the guard is disabled and deleted sessions can be resurrected."
     ),
     "gatewayscope_guard_dropped_writes": (
-        "Trace writes dropped since the gateway started because their session had been deleted "
-        "(stragglers that would have left a one-trace orphan session)."
+        "Trace writes dropped since the gateway started because their request reached the gateway before "
+        "their session's latest delete (stragglers that would have left a one-trace orphan session)."
+    ),
+    "gatewayscope_guard_kept_after_fence_writes": (
+        "Trace writes kept since the gateway started for a deleted session id because their request reached "
+        "the gateway after its latest delete: new uses of the id (rLLM reuses ids across steps and retries)."
     ),
     "gatewayscope_guard_tombstones_evicted": (
         "Tombstones evicted (oldest first) since the gateway started to stay within the capacity; "
@@ -165,37 +175,23 @@ def _check_store_protocol(store: Any) -> None:
         )
 
 
-def install_lift_on_create(sessions: Any, guard: GuardedTraceStore) -> None:
-    """Make an explicit session creation lift that id's tombstone.
+class ArrivalStamp:
+    """Pure ASGI middleware: each HTTP request's handling, and every task it starts, sees when it reached the
+    gateway (:data:`~gatewayscope.guard.memory.REQUEST_ARRIVAL`). It reads the clock once per request and
+    touches nothing else."""
 
-    rLLM's ``POST /sessions`` route calls ``sessions.create_session(...)`` through a closure over its
-    ``SessionManager`` (also ``app.state.sessions``). Shadowing the method on that one instance hooks
-    exactly the explicit-creation path: implicit creation by a proxied call goes through
-    ``ensure_session`` and a trace write through the store, so neither lifts anything. The id lifted is
-    the one the manager returns (the id the client asked for).
-    """
-    original = sessions.create_session
-    if getattr(original, "__gatewayscope_lifts__", False):
-        return
+    def __init__(self, app: Any) -> None:
+        self.app = app
 
-    if inspect.iscoroutinefunction(original):  # a future SessionManager; 0.1.0's is synchronous
-        @functools.wraps(original)
-        async def create_session_async(*args: Any, **kwargs: Any) -> Any:
-            sid = await original(*args, **kwargs)
-            guard.lift(str(sid))
-            return sid
-
-        hooked: Any = create_session_async
-    else:
-        @functools.wraps(original)
-        def create_session(*args: Any, **kwargs: Any) -> Any:
-            sid = original(*args, **kwargs)
-            guard.lift(str(sid))
-            return sid
-
-        hooked = create_session
-    hooked.__gatewayscope_lifts__ = True
-    sessions.create_session = hooked
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        token = REQUEST_ARRIVAL.set(time.time())
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            REQUEST_ARRIVAL.reset(token)
 
 
 class GuardCollector:
@@ -209,7 +205,7 @@ class GuardCollector:
         self.guard = guard
 
     def collect(self) -> Iterator[Metric]:
-        """Yield the four families, read from one :meth:`GuardedTraceStore.stats` call."""
+        """Yield the five families, read from one :meth:`GuardedTraceStore.stats` call."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         stats = self.guard.stats()
@@ -217,6 +213,7 @@ class GuardCollector:
                             ("gatewayscope_guard_tombstone_capacity", stats.capacity)):
             yield GaugeMetricFamily(name, METRIC_HELP[name], value=value)
         for name, value in (("gatewayscope_guard_dropped_writes", stats.dropped_writes),
+                            ("gatewayscope_guard_kept_after_fence_writes", stats.kept_after_fence),
                             ("gatewayscope_guard_tombstones_evicted", stats.evicted)):
             yield CounterMetricFamily(name, METRIC_HELP[name], value=value)
 
@@ -238,6 +235,7 @@ def status_payload(guard: GuardedTraceStore) -> dict[str, Any]:
         "tombstones": stats.tombstones,
         "capacity": stats.capacity,
         "dropped_writes": stats.dropped_writes,
+        "kept_after_fence": stats.kept_after_fence,
         "evicted": stats.evicted,
         "top_droppers": [{"session_id": str(d["session_id"]), "dropped": int(d["dropped"])}
                          for d in stats.top_droppers],
@@ -326,7 +324,7 @@ async def index_payload(guard: GuardedTraceStore, sessions: Any, *, idle_before:
     assert index is not None
     created = getattr(sessions, "_created_at", None)  # rLLM's SessionManager: id -> its creation time
     stamps = getattr(guard.inner, "_timestamps", None)  # rLLM's MemoryTraceStore: trace id -> its write time
-    rows = index.candidates(idle_before=idle_before, tombstones=guard.tombstones, also=session_ids,
+    rows = index.candidates(idle_before=idle_before, tombstones=guard.confirmable, also=session_ids,
                             created=created if isinstance(created, dict) else None,
                             stamps=stamps if isinstance(stamps, dict) else None)
     start = 0 if after is None else bisect.bisect_right(rows, after, key=lambda row: row[0])
@@ -336,11 +334,12 @@ async def index_payload(guard: GuardedTraceStore, sessions: Any, *, idle_before:
     candidates: list[dict[str, Any]] = [{"session_id": sid, "trace_count": count, "created_at": when}
                                         for sid, count, when in page]
     if summaries:
+        asked = set(session_ids)
         budget, made = INDEX_PAGE_SUMMARIES, 0
         for position, (sid, count, _) in enumerate(page):  # bounded: one page
-            # a scan reads the traces of one-trace and tombstoned sessions only: an ``also`` session with more
-            # traces and no tombstone is listed for its figures, and summarizing it would be work for nothing
-            wanted = count == 1 or sid in tombstoned
+            # a scan reads the traces of one-trace, tombstoned and asked-for sessions (the fence check needs when
+            # each trace was dispatched); the rest are listed for their figures only
+            wanted = count == 1 or sid in tombstoned or sid in asked
             served = await _trace_summaries(guard, sid) if wanted and count <= INDEX_PAGE_SUMMARIES else None
             if served is not None and len(served) > INDEX_PAGE_SUMMARIES:
                 served = None
@@ -355,13 +354,22 @@ async def index_payload(guard: GuardedTraceStore, sessions: Any, *, idle_before:
                 made = 0
                 await asyncio.sleep(0)  # let the gateway's calls run between chunks of summaries
     more = start + len(page) < len(rows)
+    listed = [row[0] for row in page if row[0] in tombstoned]
     return {
         "sessions": totals[0],
         "traces": totals[1],
         "candidates": candidates,
-        "tombstoned": [row[0] for row in page if row[0] in tombstoned],
+        **tombstones_payload(guard, listed),
         "next": page[-1][0] if more and page else None,
     }
+
+
+def tombstones_payload(guard: GuardedTraceStore, tombstoned: list[str]) -> dict[str, Any]:
+    """``{"tombstoned": ids, "fences": {id: the moment of its latest delete}, "reused": [ids written again after
+    it]}`` for ids that carry a tombstone (the shape ``POST /guard/tombstones/check`` and ``/guard/index`` share)."""
+    return {"tombstoned": tombstoned,
+            "fences": {sid: guard.fence_of(sid) for sid in tombstoned},
+            "reused": [sid for sid in tombstoned if guard.is_reused(sid)]}
 
 
 _BODY_SHAPE = '{"session_ids": ["<session id>", ...]}'
@@ -447,7 +455,7 @@ def add_guard_routes(app: Any, guard: GuardedTraceStore) -> None:
             ids = parse_session_ids(await request.body())
         except ValueError as err:
             return error(400, str(err))
-        return JSONResponse({"tombstoned": guard.tombstoned_among(ids)})
+        return JSONResponse(tombstones_payload(guard, guard.tombstoned_among(ids)))
 
     async def lift(request: Request) -> Response:
         return JSONResponse({"lifted": guard.lift(request.path_params["session_id"])})
@@ -512,16 +520,15 @@ def build_app(
     index = store is None and config.store_worker == "memory"
     guard = GuardedTraceStore(inner, max_tombstones=max_tombstones, top_droppers=top_droppers, index=index)
     app = create_app(config, store=guard)
-    sessions = getattr(app.state, "sessions", None)
-    if sessions is None or not callable(getattr(sessions, "create_session", None)):
-        raise GatewayscopeError(
-            "This rllm-model-gateway app has no app.state.sessions.create_session, so POST /sessions "
-            "could not lift a tombstone and a retry reusing its uid would lose its traces; refusing to start."
-        )
-    install_lift_on_create(sessions, guard)
+    guard_app(app, guard)
+    return app
+
+
+def guard_app(app: Any, guard: GuardedTraceStore) -> None:
+    """Give a gateway app built around ``guard`` the request stamps and the guard's routes (``app.state.guard``)."""
+    app.add_middleware(ArrivalStamp)  # added last: the outermost, so the stamp is taken before anything else runs
     add_guard_routes(app, guard)
     app.state.guard = guard
-    return app
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,38 +1,48 @@
 """The tombstone guard for the rLLM SQLite trace store, installed INTO the gateway's own file.
 
 The unmodified ``rllm-model-gateway --store sqlite`` resurrects a deleted session when a straggling
-trace write lands after its ``DELETE /sessions/{id}``. This module adds two tables and five
-triggers to the gateway's database file, so the gateway itself, unchanged, drops those writes (and the
-orphan index's two tables and three triggers, below):
+trace write lands after its ``DELETE /sessions/{id}``. This module adds three tables and six triggers to
+the gateway's database file, so the gateway itself, unchanged, drops those writes (and the orphan index's
+two tables and three triggers, below). A tombstone is a **fence in time** (:mod:`gatewayscope.orphan_rule`):
+a write whose request reached the gateway before its id's latest delete is dropped; one that came after is a
+new use of the id and is kept.
 
 ``gatewayscope_tombstones``
-    one row per deleted session id: ``session_id`` (primary key), ``deleted_at``, ``dropped_writes``,
-    ``last_dropped_at``, plus ``seq`` (insertion order, for the FIFO cap), ``source``
-    (``delete`` or ``backfill``), ``last_dropped_trace_id``, and ``pending_trace_id`` (unused since guard
-    schema 3; kept so a file installed by an older gatewayscope keeps its table as it is).
-``gatewayscope_pending_drops``
-    ``(session_id, trace_id)`` of each trace row the trace trigger refused until its junction row comes
-    (bookkeeping that makes one dropped ``store_trace`` count once, however the gateway interleaves the
-    statements of two writes of one session); a tombstone that goes takes its rows with it.
+    one row per deleted session id: ``session_id`` (primary key), ``deleted_at`` (the fence: the moment of
+    its latest delete, or of its backfill), ``dropped_writes``, ``last_dropped_at``, plus ``seq`` (insertion
+    order, for the FIFO cap; a new delete of the id moves it to the young end), ``source`` (``delete`` or
+    ``backfill``), ``last_dropped_trace_id``, and ``pending_trace_id`` (unused since guard schema 3; kept so
+    a file installed by an older gatewayscope keeps its table as it is).
+``gatewayscope_reuses``
+    one row per tombstoned id written again after its fence: ``kept_writes``, ``first_kept_at``,
+    ``last_kept_at``. A scan does not take such a session for an orphan (its id is in use again); the next
+    delete of the id takes the row away with the old fence.
 ``gatewayscope_guard``
     key/value: ``schema_version``, ``installed_at``, ``capacity``, ``tombstones`` (the live count, kept
-    by triggers so nothing ever counts the table), ``dropped_writes_total``, ``evicted_total``.
+    by triggers so nothing ever counts the table), ``dropped_writes_total``, ``kept_after_fence_total``,
+    ``evicted_total``.
 
 Triggers (the gateway writes a trace with ``INSERT OR REPLACE INTO traces`` then ``INSERT OR IGNORE INTO
 trace_sessions``, one commit; it deletes a session's junction rows, then its unshared traces):
 
 * ``gatewayscope_tombstone_on_delete`` (AFTER DELETE ON trace_sessions): when the session's last junction
-  row goes while its trace row still exists, the session gets a tombstone. The trace-row condition tells
-  the gateway's delete (junction rows first) from a foreign-key cascade, which runs after the parent row is
-  gone: ``INSERT OR REPLACE`` of an existing trace id cascades to its junction rows, and that must not
-  tombstone a live session.
-* ``gatewayscope_drop_trace`` (BEFORE INSERT ON traces): a trace whose JSON ``session_id`` is tombstoned is
-  skipped with ``RAISE(IGNORE)`` and counted once.
+  row goes while its trace row still exists, the session's fence is set to now (a new tombstone, or the old
+  one moved to this delete, forgetting any use since the old fence). The trace-row condition tells the
+  gateway's delete (junction rows first) from a foreign-key cascade, which runs after the parent row is gone:
+  ``INSERT OR REPLACE`` of an existing trace id cascades to its junction rows, and that must not tombstone a
+  live session.
 * ``gatewayscope_drop_session_link`` (BEFORE INSERT ON trace_sessions): a junction row for a tombstoned
-  session is skipped. It counts the write only when the trace trigger did not already (trace data without
-  ``session_id``), and removes the unshared trace row it just refused, so no orphan trace row remains.
-  ``RAISE(IGNORE)`` in a BEFORE trigger skips the row before the foreign-key check, so the gateway's
-  ``INSERT OR IGNORE`` does not fail when its trace row was dropped.
+  session whose trace was dispatched before the fence (``orphan_rule.dispatched_at_sql`` over the trace row's
+  JSON, read only for tombstoned sessions) is skipped with ``RAISE(IGNORE)``, counted, and the unshared trace
+  row it belongs to is removed, so no orphan trace row remains. A trace whose dispatch time is unknown, or at
+  or after the fence, is kept: a kept straggler is an orphan a scan finds later, a dropped new use is lost.
+  ``RAISE(IGNORE)`` in a BEFORE trigger skips the row before the foreign-key check.
+* ``gatewayscope_keep_shared_trace`` (BEFORE INSERT ON traces): a straggler's ``INSERT OR REPLACE`` of a trace
+  id the store already holds (one shared with another session) is skipped, so the replace cannot cascade to the
+  other session's junction row. Only a write of an existing trace id pays for its JSON; the gateway writes every
+  call under a new id.
+* ``gatewayscope_count_reuse`` (AFTER INSERT ON trace_sessions): a junction row that landed for a tombstoned
+  session is a write kept after the fence: counted, and its session recorded in ``gatewayscope_reuses``.
 * ``gatewayscope_tombstones_after_insert`` / ``gatewayscope_tombstones_after_delete``: keep the live count
   and evict the oldest tombstones beyond the capacity (FIFO, counted). Capacity 0 means unlimited.
 
@@ -50,9 +60,9 @@ reads its first and last time again from the gateway's ``(session_id, created_at
 the index from the existing rows in short transactions after the triggers are in place, and marks it ready
 (``index_ready`` in ``gatewayscope_guard``) with the last one; :func:`read_index_for_scan` reads it only then.
 
-Cost per trace write: one primary-key lookup in the tombstone table per statement, plus one JSON parse
-of the trace's ``data`` (SQLite's C parser; the gateway's own ``json.dumps`` of the same data costs an
-order of magnitude more), plus the index's two primary-key writes. Nothing scans a table per write.
+Cost per trace write: two primary-key lookups in the tombstone table (one per trigger on the junction row),
+plus the index's recount of the session's junction rows and its UPSERT. Only a write for a tombstoned session
+parses the trace's JSON. Nothing scans a table per write.
 
 Every write here is a short ``BEGIN EXCLUSIVE`` transaction taken by :class:`gatewayscope._sqlite.locking.Writer`,
 so it can run while the gateway writes (the gateway's own busy timeout is 20 s); reads are plain autocommit
@@ -77,10 +87,11 @@ from gatewayscope._sqlite.schema import FIRST_SESSION_PAGE_SQL, SESSION_PAGE_SQL
 from gatewayscope._sqlite.statements import StatementWatch, fetch_all
 from gatewayscope.errors import ConfigError, StoreError
 from gatewayscope.guard.common import GuardStats
+from gatewayscope.orphan_rule import Tombstone, before_fence_sql, dispatched_at_sql
 from gatewayscope.sources._batches import batches
 
 #: version of the tables and triggers below; install refuses a file installed by a newer gatewayscope
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: default FIFO capacity of the tombstone table (the in-memory guard's ``max_tombstones`` default too)
 DEFAULT_CAPACITY = 1_000_000
 #: seconds a write here waits for the gateway's lock before giving up
@@ -99,8 +110,8 @@ INDEX_FILL_PAGE = 2_000
 
 TOMBSTONES_TABLE = "gatewayscope_tombstones"
 META_TABLE = "gatewayscope_guard"
-#: the trace rows the trace trigger refused whose junction row has not come yet, per (session, trace id)
-PENDING_TABLE = "gatewayscope_pending_drops"
+#: the tombstoned ids written again after their fence (a new use of the id)
+REUSES_TABLE = "gatewayscope_reuses"
 #: the orphan index: per session, its trace count and first and last trace time, kept by triggers
 INDEX_TABLE = "gatewayscope_sessions"
 #: one row: the number of sessions in the index and the sum of their trace counts
@@ -120,11 +131,12 @@ CREATE TABLE {TOMBSTONES_TABLE} (
     last_dropped_trace_id TEXT,
     pending_trace_id TEXT
 )""",
-    PENDING_TABLE: f"""
-CREATE TABLE {PENDING_TABLE} (
-    session_id TEXT NOT NULL,
-    trace_id TEXT NOT NULL,
-    PRIMARY KEY (session_id, trace_id)
+    REUSES_TABLE: f"""
+CREATE TABLE {REUSES_TABLE} (
+    session_id TEXT PRIMARY KEY,
+    kept_writes INTEGER NOT NULL,
+    first_kept_at REAL,
+    last_kept_at REAL
 ) WITHOUT ROWID""",
     META_TABLE: f"""
 CREATE TABLE {META_TABLE} (
@@ -165,16 +177,20 @@ _COUNT = _META_SQL.format(key="tombstones")
 _CAPACITY = _META_SQL.format(key="capacity")
 _EXCESS = f"(CASE WHEN {_CAPACITY} > 0 AND {_COUNT} > {_CAPACITY} THEN {_COUNT} - {_CAPACITY} ELSE 0 END)"
 
-#: the orphan index's share of a junction row written: the totals and one UPSERT by primary key
+#: the orphan index's share of a junction row written: the session's entry recounted from the gateway's rows (two
+#: seeks and a walk of the session's rows over its indexes), so a replaced row or a NULL time keeps it exact, and
+#: the totals moved by the difference
 _INDEX_ADD_NEW = f"""
-    UPDATE {TOTALS_TABLE} SET traces = traces + 1,
+    UPDATE {TOTALS_TABLE}
+       SET traces = traces + (SELECT COUNT(*) FROM trace_sessions WHERE session_id = NEW.session_id)
+                    - IFNULL((SELECT trace_count FROM {INDEX_TABLE} WHERE session_id = NEW.session_id), 0),
            sessions = sessions + NOT EXISTS (SELECT 1 FROM {INDEX_TABLE} WHERE session_id = NEW.session_id)
      WHERE id = 1;
     INSERT INTO {INDEX_TABLE} (session_id, trace_count, first_trace_at, last_trace_at)
-    VALUES (NEW.session_id, 1, NEW.created_at, NEW.created_at)
-    ON CONFLICT (session_id) DO UPDATE SET trace_count = trace_count + 1,
-           first_trace_at = MIN(first_trace_at, excluded.first_trace_at),
-           last_trace_at = MAX(last_trace_at, excluded.last_trace_at);
+    SELECT NEW.session_id, COUNT(*), MIN(created_at), MAX(created_at) FROM trace_sessions
+     WHERE session_id = NEW.session_id
+    ON CONFLICT (session_id) DO UPDATE SET trace_count = excluded.trace_count,
+           first_trace_at = excluded.first_trace_at, last_trace_at = excluded.last_trace_at;
 """
 #: ... and of a junction row gone: the session's entry goes with its last row; otherwise one less, its first and
 #: last times read again from the gateway's (session_id, created_at) index (two seeks)
@@ -189,6 +205,16 @@ _INDEX_REMOVE_OLD = f"""
      WHERE session_id = OLD.session_id;
 """
 
+#: the fence of NEW.session_id's tombstone (NULL when its time is not a number: such a fence drops nothing)
+_FENCE_OF_NEW = (f"(SELECT CASE WHEN typeof(deleted_at) IN ('integer', 'real') THEN deleted_at END "
+                 f"FROM {TOMBSTONES_TABLE} WHERE session_id = NEW.session_id)")
+#: the session a trace row being written names in its JSON (NULL for text that is not JSON)
+_SESSION_OF_NEW_DATA = "(CASE WHEN json_valid(NEW.data) THEN json_extract(NEW.data, '$.session_id') END)"
+_FENCE_OF_NEW_DATA = (f"(SELECT CASE WHEN typeof(deleted_at) IN ('integer', 'real') THEN deleted_at END "
+                      f"FROM {TOMBSTONES_TABLE} WHERE session_id = {_SESSION_OF_NEW_DATA})")
+#: when NEW.trace_id's request was dispatched (the JSON is parsed only where this is evaluated)
+_DISPATCH_OF_NEW = f"(SELECT {dispatched_at_sql('data')} FROM traces WHERE trace_id = NEW.trace_id)"
+
 _TRIGGERS: dict[str, str] = {
     "gatewayscope_tombstone_on_delete": f"""
 CREATE TRIGGER gatewayscope_tombstone_on_delete
@@ -196,42 +222,44 @@ AFTER DELETE ON trace_sessions
 WHEN EXISTS (SELECT 1 FROM traces WHERE trace_id = OLD.trace_id)
  AND NOT EXISTS (SELECT 1 FROM trace_sessions WHERE session_id = OLD.session_id)
 BEGIN
-    INSERT OR IGNORE INTO {TOMBSTONES_TABLE} (session_id, deleted_at, seq, source)
-    VALUES (OLD.session_id, {_NOW}, (SELECT IFNULL(MAX(seq), 0) + 1 FROM {TOMBSTONES_TABLE}), 'delete');
-END""",
-    "gatewayscope_drop_trace": f"""
-CREATE TRIGGER gatewayscope_drop_trace
-BEFORE INSERT ON traces
-WHEN EXISTS (SELECT 1 FROM {TOMBSTONES_TABLE} WHERE session_id =
-    json_extract(CASE WHEN json_valid(NEW.data) THEN NEW.data END, '$.session_id'))
-BEGIN
-    UPDATE {META_TABLE} SET value = value + 1 WHERE key = 'dropped_writes_total';
-    UPDATE {TOMBSTONES_TABLE}
-       SET dropped_writes = dropped_writes + 1, last_dropped_at = {_NOW},
-           last_dropped_trace_id = NEW.trace_id
-     WHERE session_id = json_extract(NEW.data, '$.session_id');
-    INSERT OR IGNORE INTO {PENDING_TABLE} (session_id, trace_id)
-    VALUES (json_extract(NEW.data, '$.session_id'), NEW.trace_id);
-    SELECT RAISE(IGNORE);
+    INSERT INTO {TOMBSTONES_TABLE} (session_id, deleted_at, seq, source)
+    VALUES (OLD.session_id, {_NOW}, (SELECT IFNULL(MAX(seq), 0) + 1 FROM {TOMBSTONES_TABLE}), 'delete')
+    ON CONFLICT (session_id) DO UPDATE SET deleted_at = excluded.deleted_at, seq = excluded.seq,
+           source = 'delete';
+    DELETE FROM {REUSES_TABLE} WHERE session_id = OLD.session_id;
 END""",
     "gatewayscope_drop_session_link": f"""
 CREATE TRIGGER gatewayscope_drop_session_link
 BEFORE INSERT ON trace_sessions
-WHEN EXISTS (SELECT 1 FROM {TOMBSTONES_TABLE} WHERE session_id = NEW.session_id)
+WHEN CASE WHEN EXISTS (SELECT 1 FROM {TOMBSTONES_TABLE} WHERE session_id = NEW.session_id)
+          THEN {before_fence_sql(_DISPATCH_OF_NEW, _FENCE_OF_NEW)} ELSE 0 END
 BEGIN
-    UPDATE {META_TABLE} SET value = value + 1 WHERE key = 'dropped_writes_total'
-       AND NOT EXISTS (SELECT 1 FROM {PENDING_TABLE}
-                        WHERE session_id = NEW.session_id AND trace_id = NEW.trace_id);
+    UPDATE {META_TABLE} SET value = value + 1 WHERE key = 'dropped_writes_total';
     UPDATE {TOMBSTONES_TABLE}
-       SET dropped_writes = dropped_writes + NOT EXISTS (SELECT 1 FROM {PENDING_TABLE}
-                                                          WHERE session_id = NEW.session_id
-                                                            AND trace_id = NEW.trace_id),
-           last_dropped_at = {_NOW}, last_dropped_trace_id = NEW.trace_id
+       SET dropped_writes = dropped_writes + 1, last_dropped_at = {_NOW}, last_dropped_trace_id = NEW.trace_id
      WHERE session_id = NEW.session_id;
-    DELETE FROM {PENDING_TABLE} WHERE session_id = NEW.session_id AND trace_id = NEW.trace_id;
     DELETE FROM traces WHERE trace_id = NEW.trace_id
        AND NOT EXISTS (SELECT 1 FROM trace_sessions WHERE trace_id = NEW.trace_id);
     SELECT RAISE(IGNORE);
+END""",
+    "gatewayscope_keep_shared_trace": f"""
+CREATE TRIGGER gatewayscope_keep_shared_trace
+BEFORE INSERT ON traces
+WHEN EXISTS (SELECT 1 FROM traces WHERE trace_id = NEW.trace_id)
+ AND CASE WHEN EXISTS (SELECT 1 FROM {TOMBSTONES_TABLE} WHERE session_id = {_SESSION_OF_NEW_DATA})
+          THEN {before_fence_sql(dispatched_at_sql("NEW.data"), _FENCE_OF_NEW_DATA)} ELSE 0 END
+BEGIN
+    SELECT RAISE(IGNORE);
+END""",
+    "gatewayscope_count_reuse": f"""
+CREATE TRIGGER gatewayscope_count_reuse
+AFTER INSERT ON trace_sessions
+WHEN EXISTS (SELECT 1 FROM {TOMBSTONES_TABLE} WHERE session_id = NEW.session_id)
+BEGIN
+    UPDATE {META_TABLE} SET value = value + 1 WHERE key = 'kept_after_fence_total';
+    INSERT INTO {REUSES_TABLE} (session_id, kept_writes, first_kept_at, last_kept_at)
+    VALUES (NEW.session_id, 1, {_NOW}, {_NOW})
+    ON CONFLICT (session_id) DO UPDATE SET kept_writes = kept_writes + 1, last_kept_at = excluded.last_kept_at;
 END""",
     "gatewayscope_tombstones_after_insert": f"""
 CREATE TRIGGER gatewayscope_tombstones_after_insert
@@ -247,9 +275,9 @@ CREATE TRIGGER gatewayscope_tombstones_after_delete
 AFTER DELETE ON {TOMBSTONES_TABLE}
 BEGIN
     UPDATE {META_TABLE} SET value = value - 1 WHERE key = 'tombstones';
-    DELETE FROM {PENDING_TABLE} WHERE session_id = OLD.session_id;
+    DELETE FROM {REUSES_TABLE} WHERE session_id = OLD.session_id;
 END""",
-    # the orphan index: one UPSERT by primary key per junction row written, kept in step with the totals row
+    # the orphan index: one recount and UPSERT by primary key per junction row written, in step with the totals row
     "gatewayscope_index_on_insert": f"""
 CREATE TRIGGER gatewayscope_index_on_insert
 AFTER INSERT ON trace_sessions
@@ -277,7 +305,10 @@ INDEX_OBJECTS: tuple[str, ...] = (INDEX_TABLE, TOTALS_TABLE, "gatewayscope_sessi
                                   "gatewayscope_index_on_insert", "gatewayscope_index_on_delete",
                                   "gatewayscope_index_on_update")
 
-_COUNTER_KEYS = ("tombstones", "dropped_writes_total", "evicted_total")
+_COUNTER_KEYS = ("tombstones", "dropped_writes_total", "kept_after_fence_total", "evicted_total")
+#: objects an older gatewayscope installed that this one no longer has: install and uninstall drop them (the
+#: schema-3 trace trigger parsed every trace's JSON; its pending table only served it)
+LEGACY_OBJECTS: dict[str, str] = {"gatewayscope_drop_trace": "TRIGGER", "gatewayscope_pending_drops": "TABLE"}
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -364,6 +395,8 @@ class GuardStatus:
     tombstones: int = 0
     capacity: int = 0
     dropped_writes: int = 0
+    #: trace writes kept for a tombstoned id because they reached the gateway after its fence (new uses)
+    kept_after_fence: int = 0
     evicted: int = 0
     sessions_with_drops: int = 0
     top_droppers: list[Dropper] = field(default_factory=list)
@@ -438,6 +471,13 @@ def _integrity(conn: sqlite3.Connection, *, index: bool = False) -> tuple[list[s
         elif _normalise(present[name]) != _normalise(sql):
             altered.append(name)
     return missing, altered
+
+
+def _legacy_objects(conn: sqlite3.Connection) -> dict[str, str]:
+    """The objects of :data:`LEGACY_OBJECTS` present in the file: name -> its kind (TRIGGER or TABLE)."""
+    marks = ",".join("?" * len(LEGACY_OBJECTS))
+    return {name: LEGACY_OBJECTS[name] for (name,) in conn.execute(
+        f"SELECT name FROM sqlite_master WHERE name IN ({marks})", tuple(LEGACY_OBJECTS))}
 
 
 def _meta(conn: sqlite3.Connection) -> dict[str, Any]:
@@ -566,6 +606,7 @@ def _install_objects(conn: sqlite3.Connection, txn: Transaction, name: str, capa
         raise StoreError(f"{name} has the tombstone guard schema {installed_version}, newer than this "
                          f"gatewayscope's {SCHEMA_VERSION}; upgrade gatewayscope to manage it.")
     first = TOMBSTONES_TABLE not in present and META_TABLE not in present
+    legacy = _legacy_objects(conn)
     missing, altered = _integrity(conn)
     index_missing, index_altered = _integrity(conn, index=True)
     refill = bool(index_missing or index_altered) or meta.get("index_ready") != 1
@@ -574,7 +615,7 @@ def _install_objects(conn: sqlite3.Connection, txn: Transaction, name: str, capa
     wanted = capacity if capacity is not None else fallback
     keys_missing = [key for key in ("schema_version", "installed_at", "capacity", *_COUNTER_KEYS)
                     if key not in meta]
-    if not missing and not altered and not keys_missing and previous == wanted and not refill:
+    if not missing and not altered and not keys_missing and previous == wanted and not refill and not legacy:
         tombstones = _as_int(meta.get("tombstones"))
         txn.rollback_only()
         return InstallResult(path=name, changed=False, created=False, capacity=wanted,
@@ -586,6 +627,8 @@ def _install_objects(conn: sqlite3.Connection, txn: Transaction, name: str, capa
     for trigger in _TRIGGERS:
         if trigger in present:
             conn.execute(f"DROP TRIGGER {trigger}")
+    for name, kind in sorted(legacy.items(), key=lambda item: item[1] != "TRIGGER"):
+        conn.execute(f"DROP {kind} {name}")
     for table, sql in _TABLES.items():
         if table in altered:
             raise StoreError(f"{name} has a {table!r} table that the tombstone guard did not create; "
@@ -599,8 +642,13 @@ def _install_objects(conn: sqlite3.Connection, txn: Transaction, name: str, capa
             conn.execute(sql)
 
     now = time.time()
-    defaults: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "installed_at": now,
-                                "capacity": wanted, "dropped_writes_total": 0, "evicted_total": 0}
+    defaults: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "installed_at": now, "capacity": wanted,
+                                "dropped_writes_total": 0, "kept_after_fence_total": 0, "evicted_total": 0}
+    if 0 < installed_version < 4:
+        # a fence is a time: a tombstone an older guard left without a usable one (edited by hand) gets this
+        # moment, which drops only writes that reached the gateway before the upgrade
+        conn.execute(f"UPDATE {TOMBSTONES_TABLE} SET deleted_at = ? "
+                     "WHERE typeof(deleted_at) NOT IN ('integer', 'real')", (now,))
     for key, value in defaults.items():
         conn.execute(f"INSERT OR IGNORE INTO {META_TABLE} (key, value) VALUES (?, ?)", (key, value))
     conn.execute(f"UPDATE {META_TABLE} SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
@@ -629,7 +677,9 @@ def _install_objects(conn: sqlite3.Connection, txn: Transaction, name: str, capa
     for sql in _TRIGGERS.values():
         conn.execute(sql)
 
-    repaired = [] if first else sorted(set(missing + altered) | ({"counters"} if keys_missing else set()))
+    repaired = [] if first else sorted(set(missing + altered) | ({"counters"} if keys_missing else set())
+                                       | ({f"schema {installed_version} to {SCHEMA_VERSION}"}
+                                          if 0 < installed_version < SCHEMA_VERSION else set()))
     return InstallResult(
         path=name, changed=True, created=first, repaired=repaired, capacity=wanted,
         previous_capacity=previous if previous is not None and previous != wanted else None,
@@ -701,6 +751,9 @@ def uninstall(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -
             if trigger in present:
                 conn.execute(f"DROP TRIGGER {trigger}")
                 removed.append(trigger)
+        for name, kind in sorted(_legacy_objects(conn).items(), key=lambda item: item[1] != "TRIGGER"):
+            conn.execute(f"DROP {kind} {name}")
+            removed.append(name)
         for index in _INDEXES:
             if index in present:
                 conn.execute(f"DROP INDEX {index}")
@@ -749,6 +802,7 @@ def _figures(conn: sqlite3.Connection, top: int) -> dict[str, Any]:
         "tombstones": _as_int(meta.get("tombstones")),
         "capacity": _as_int(meta.get("capacity")),
         "dropped_writes": _as_int(meta.get("dropped_writes_total")),
+        "kept_after_fence": _as_int(meta.get("kept_after_fence_total")),
         "evicted": _as_int(meta.get("evicted_total")),
         "sessions_with_drops": int(with_drops),
         "top_droppers": droppers,
@@ -772,6 +826,7 @@ def read_guard(conn: sqlite3.Connection, *, top: int = DEFAULT_TOP) -> GuardStat
         tombstones=figures["tombstones"],
         capacity=figures["capacity"],
         dropped_writes=figures["dropped_writes"],
+        kept_after_fence=figures["kept_after_fence"],
         evicted=figures["evicted"],
         enabled=intact,
         triggers_intact=intact,
@@ -880,8 +935,8 @@ def tombstone_count(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIME
 
 
 def read_for_scan(conn: sqlite3.Connection, tables: set[str], *, busy_timeout: float, page_size: int,
-                  watch: StatementWatch) -> tuple[GuardStats | None, list[str]]:
-    """The guard's figures and the tombstoned sessions that still have rows, for the SQLite source's scan.
+                  watch: StatementWatch) -> tuple[GuardStats | None, dict[str, Tombstone]]:
+    """The guard's figures and the tombstones of the sessions that still have rows, for the SQLite source's scan.
 
     The source's :class:`~gatewayscope.sources.rllm_sqlite.GuardReader`: ``tables`` are the file's tables
     (nothing is read when the guard's are not among them). The figures are read with SQLite's busy handler
@@ -890,23 +945,30 @@ def read_for_scan(conn: sqlite3.Connection, tables: set[str], *, busy_timeout: f
     watched by ``watch``. The connection's busy handler is off again when this returns.
     """
     if TOMBSTONES_TABLE not in tables:
-        return None, []
+        return None, {}
     conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
     try:
         guard = read_guard(conn)
     finally:
         conn.execute("PRAGMA busy_timeout = 0")
     if guard is None or not guard.tombstones:
-        return guard, []
+        return guard, {}
     return guard, _tombstoned_with_rows(conn, min(page_size, TOMBSTONE_PAGE), busy_timeout=busy_timeout,
-                                        watch=watch)
+                                        watch=watch, reuses=REUSES_TABLE in tables)
+
+
+def _fence(value: Any) -> float | None:
+    """A tombstone's ``deleted_at`` as its fence (None when it is not a number: such a fence drops nothing)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _tombstoned_with_rows(conn: sqlite3.Connection, page_size: int, *, busy_timeout: float,
-                          watch: StatementWatch) -> list[str]:
-    """Ids that carry a tombstone and still have rows in the store, read a key range at a time."""
-    found: list[str] = []
+                          watch: StatementWatch, reuses: bool) -> dict[str, Tombstone]:
+    """The tombstones of ids that still have rows in the store, read a key range at a time."""
+    found: dict[str, Tombstone] = {}
     last = ""
+    reused = (f"EXISTS (SELECT 1 FROM {REUSES_TABLE} AS ru WHERE ru.session_id = tb.session_id)" if reuses
+              else "0")
     while True:  # bounded: every turn moves ``last`` forward through the tombstone table
         page, _ = fetch_all(
             conn, f"SELECT session_id FROM {TOMBSTONES_TABLE} WHERE session_id > ? ORDER BY session_id LIMIT ?",
@@ -916,11 +978,15 @@ def _tombstoned_with_rows(conn: sqlite3.Connection, page_size: int, *, busy_time
             return found
         upper = page[-1][0]
         present, _ = fetch_all(
-            conn, f"SELECT session_id FROM {TOMBSTONES_TABLE} AS tb WHERE session_id > ? AND session_id <= ? "
+            conn, f"SELECT session_id, deleted_at, {reused} FROM {TOMBSTONES_TABLE} AS tb "
+            "WHERE session_id > ? AND session_id <= ? "
             "AND EXISTS (SELECT 1 FROM trace_sessions AS ts WHERE ts.session_id = tb.session_id)",
             (last, upper), busy_timeout=busy_timeout, watch=watch,
         )
-        found.extend(row[0] for row in present)
+        for sid, deleted_at, was_reused in present:
+            fence = _fence(deleted_at)
+            if fence is not None:
+                found[str(sid)] = Tombstone(fence=fence, reused=bool(was_reused))
         if len(page) < page_size:
             return found
         last = upper
@@ -935,6 +1001,18 @@ def is_tombstoned(conn: sqlite3.Connection, session_id: str) -> bool:
     """Whether ``session_id`` carries a tombstone (one read; the tombstone table must exist)."""
     row = conn.execute(f"SELECT 1 FROM {TOMBSTONES_TABLE} WHERE session_id = ?", (session_id,)).fetchone()
     return row is not None
+
+
+def tombstone_of(conn: sqlite3.Connection, session_id: str) -> Tombstone | None:
+    """``session_id``'s tombstone (its fence, and whether the id was written again after it), or None (two reads
+    by key; the tombstone table must exist). A tombstone whose time is not a number fences nothing: None."""
+    row = conn.execute(f"SELECT deleted_at FROM {TOMBSTONES_TABLE} WHERE session_id = ?", (session_id,)).fetchone()
+    fence = _fence(row[0]) if row is not None else None
+    if fence is None:
+        return None
+    reused = _has_table(conn, REUSES_TABLE) and conn.execute(
+        f"SELECT 1 FROM {REUSES_TABLE} WHERE session_id = ?", (session_id,)).fetchone() is not None
+    return Tombstone(fence=fence, reused=reused)
 
 
 #: candidate sessions per read of the orphan index (each its own short statement)

@@ -22,7 +22,7 @@ import html
 import json
 import os
 import threading
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from gatewayscope.analysis.findings import Findings, findings
 from gatewayscope.config import Config, Policy, Target, build_config, is_remote_address
 from gatewayscope.errors import ConfigError, GatewayscopeError, PlanError
 from gatewayscope.notebook.wording import notebook_words
+from gatewayscope.orphan_rule import delete_fences
 from gatewayscope.remediate.apply import ActionResult, ApplyOptions, ApplyReport, apply_plan
 from gatewayscope.remediate.journal import FINAL_OUTCOMES, Journal
 from gatewayscope.remediate.plan import ACTION_KINDS, Action, Plan, build_plan, load_plan, plan_summary
@@ -126,16 +127,19 @@ class ScanController:
 
     Give a ``config_path`` (a gatewayscope.toml), rLLM ``trace_stores`` (URLs or SQLite paths) and
     ``bifrost_urls`` (the flags' quick look), or a ready ``config``. ``transports`` maps a target name
-    to an httpx transport (tests); ``deleted_ids`` are session ids known to have been deleted before
-    (they confirm an orphan, e.g. from an earlier apply's journal).
+    to an httpx transport (tests); ``deleted_ids`` are the sessions known to have been deleted before, each
+    with the moment of that delete (``{target: {id: epoch seconds}}`` from
+    :func:`gatewayscope.remediate.journal.deleted_sessions` of an earlier apply's journal, or ``{id: seconds}``
+    for every target): they confirm an orphan whose traces all came before that delete.
     """
 
     def __init__(self, config_path: str | Path | None = None, *, trace_stores: Sequence[str] = (),
                  bifrost_urls: Sequence[str] = (), config: Config | None = None,
                  orphan_idle_seconds: float | None = None, transports: dict[str, Any] | None = None,
-                 deleted_ids: Collection[str] = ()) -> None:
+                 deleted_ids: Mapping[str, Any] | None = None) -> None:
         self.transports: dict[str, Any] = dict(transports or {})
-        self.deleted_ids: set[str] = set(deleted_ids)
+        delete_fences(deleted_ids)  # refuses ids without the moment of their delete
+        self.deleted_ids: dict[str, Any] = dict(deleted_ids or {})
         self.snapshot: Snapshot | None = None
         self.config_path: str = ""
         self.trace_stores: list[str] = []

@@ -25,7 +25,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -33,7 +33,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from gatewayscope.analysis.posture import SAFE_POSTURE
-from gatewayscope.config import Config, Target
+from gatewayscope.config import Config, Policy, Target
 from gatewayscope.errors import (
     BadResponseError,
     GatewayscopeError,
@@ -45,6 +45,7 @@ from gatewayscope.errors import (
     StoreError,
     UnreachableError,
 )
+from gatewayscope.orphan_rule import Tombstone, delete_fences, dispatched_at_of, judge, latest_fence
 from gatewayscope.remediate.journal import FINAL_OUTCOMES, Journal, apply_lock
 from gatewayscope.remediate.plan import (
     ACTION_KINDS,
@@ -162,6 +163,46 @@ class ApplyReport:
         return 0 if all(r.outcome in SUCCESS_OUTCOMES for r in everything) else 1
 
 
+# -- the thresholds a delete is checked against -------------------------------------------------------------
+
+_THRESHOLDS = (("orphan_idle_seconds", "--orphan-idle-seconds", "idle threshold"),
+               ("max_weight_lag", "--max-weight-lag", "allowed weight-version lag"))
+
+
+def _planned(plan: Plan, key: str) -> float | None:
+    value = plan.policy.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value else None
+
+
+def checked_policy(plan: Plan, policy: Policy) -> tuple[float, int]:
+    """(idle threshold, allowed weight lag) apply re-checks a suspected orphan against: ``policy``'s (the config's,
+    with apply's flags), or the plan's where that is stricter. Only a trusted plan (made in this process, or signed
+    and checked) may loosen them to the plan's own: an unsigned plan file can be edited."""
+    idle, lag = float(policy.orphan_idle_seconds), int(policy.max_weight_lag)
+    planned_idle, planned_lag = _planned(plan, "orphan_idle_seconds"), _planned(plan, "max_weight_lag")
+    if plan.trusted:
+        return (planned_idle if planned_idle is not None else idle,
+                int(planned_lag) if planned_lag is not None else lag)
+    return (max(idle, planned_idle) if planned_idle is not None else idle,
+            max(lag, int(planned_lag)) if planned_lag is not None else lag)
+
+
+def stricter_than_planned(plan: Plan, policy: Policy) -> list[str]:
+    """One sentence per threshold that apply will check more strictly than the plan was made with, naming the
+    flag that gives apply the plan's threshold; empty when apply checks what the plan was made with."""
+    if not any(a.kind == "session_delete" and a.details.get("confidence") == "suspected" for a in plan.actions):
+        return []
+    idle, lag = checked_policy(plan, policy)
+    sentences = []
+    for (key, flag, what), checked in zip(_THRESHOLDS, (idle, float(lag)), strict=True):
+        planned = _planned(plan, key)
+        if planned is not None and planned < checked:
+            sentences.append(f"The plan's suspected orphans were found with {flag} {planned:g}, but apply checks "
+                             f"each delete against a {what} of {checked:g} (the config's or the default), so they "
+                             f"will end stale: pass {flag} {planned:g} to apply to check them as planned.")
+    return sentences
+
+
 # -- pacing ----------------------------------------------------------------------------------------------
 
 class _RateLimiter:
@@ -221,13 +262,15 @@ class _Context:
     """The plan, the config, the options, the journal, the clients, the limiters and the pacers."""
 
     def __init__(self, plan: Plan, config: Config, options: ApplyOptions, journal: Journal | None,
-                 transports: dict[str, Any], deleted_ids: frozenset[str] = frozenset()) -> None:
+                 transports: dict[str, Any], deleted_ids: Mapping[str, Any] | None = None) -> None:
         self.plan = plan
         self.config = config
         self.options = options
         self.journal = journal
         self.transports = transports
-        self.deleted_ids = deleted_ids
+        #: the "deleted before" evidence apply accepts: what the caller names now, per target (never a path or a
+        #: claim the plan file carries, unless the plan is one this process made or whose signature it checked)
+        self._deleted = {name: delete_fences(deleted_ids, name) for name in {t.name for t in config.targets}}
         self.limiter = _RateLimiter(options.rate, options.sleep)
         # session deletes: --rate when given; otherwise each target's pacer keeps them to DELETE_DUTY
         self.delete_limiter = self.limiter if options.rate else _RateLimiter(None, options.sleep)
@@ -238,7 +281,6 @@ class _Context:
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._weight_versions: dict[str, int | None] = {}
-        self._deleted: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self._capabilities = {entry.get("name"): dict(entry.get("capabilities") or {}) for entry in plan.targets}
 
     def target(self, name: str) -> Target:
@@ -276,12 +318,12 @@ class _Context:
     # -- the orphan rule's inputs
 
     def idle_threshold(self) -> float:
-        """The idle threshold a suspected orphan must be past: the config's, or the plan's when longer."""
-        planned = self.plan.policy.get("orphan_idle_seconds")
-        threshold = float(self.config.policy.orphan_idle_seconds)
-        if isinstance(planned, (int, float)) and not isinstance(planned, bool):
-            threshold = max(threshold, float(planned))
-        return threshold
+        """The idle threshold a suspected orphan must be past (see :func:`checked_policy`)."""
+        return checked_policy(self.plan, self.config.policy)[0]
+
+    def max_weight_lag(self) -> int:
+        """The weight-version lag a suspected orphan must exceed (see :func:`checked_policy`)."""
+        return checked_policy(self.plan, self.config.policy)[1]
 
     def current_weight_version(self, target: str) -> int | None:
         """The gateway's current weight version (asked once per apply), or None where it has none."""
@@ -300,25 +342,17 @@ class _Context:
             self._weight_versions[target] = version
         return version
 
-    def deleted_before(self, action: Action, journal_path: str) -> bool:
-        """Whether the caller vouched for this session's earlier delete, or the journal at ``journal_path``
-        records a done delete of it on this target."""
-        if action.subject in self.deleted_ids:
-            return True
-        key = (journal_path, action.target)
-        with self._lock:
-            known = self._deleted.get(key)
-        if known is None:
-            try:
-                events = Journal(journal_path).read() if journal_path else []
-            except GatewayscopeError:
-                events = []
-            known = {(str(e.get("target")), str(e.get("subject"))) for e in events
-                     if e.get("event") == "outcome" and e.get("kind") == "session_delete"
-                     and e.get("outcome") == "done"}
-            with self._lock:
-                self._deleted[key] = known
-        return (action.target, action.subject) in known
+    def deleted_fence(self, action: Action) -> float | None:
+        """The moment of the latest recorded earlier delete of this session on its target, or None: from the
+        evidence the caller gave apply, and from the plan's own record of it only when the plan is trusted (made
+        in this process, or signed and its signature checked): an unsigned plan file can be edited."""
+        fences = [self._deleted.get(action.target, {}).get(action.subject)]
+        evidence = action.details.get("deleted_before")
+        if self.plan.trusted and isinstance(evidence, dict):
+            moment = evidence.get("deleted_at")
+            if isinstance(moment, (int, float)) and not isinstance(moment, bool) and moment == moment:
+                fences.append(float(moment))
+        return latest_fence(*fences)
 
     # -- pacing and the journal
 
@@ -592,10 +626,11 @@ def _recheck(ctx: _Context, action: Action, state: SessionState) -> Settled | No
 
     Whatever the plan file says, a session is deleted only when the live store shows it is the session
     planned against (same trace count, same trace ids where the plan read them, no newer trace) AND it
-    is an orphan by one of the rules: it carries a tombstone; its earlier delete is recorded (in the
-    journal the plan names, or by the caller); or it has exactly one trace, idle past the idle threshold
-    (the config's, or the plan's when that is longer) and not at a weight version within the allowed lag
-    of the gateway's current one.
+    is an orphan by the rule (:func:`gatewayscope.orphan_rule.judge`) on what the live store holds: every trace
+    dispatched before its tombstone's fence (unless the guard saw it written again since) or before a recorded
+    earlier delete (:meth:`_Context.deleted_fence`); or exactly one trace, idle past the idle threshold (the
+    config's, or the plan's when that is longer) and not at a weight version within the allowed lag of the
+    gateway's current one.
     """
     if not state.trace_ids:
         return Settled("already-done", "the session is gone")
@@ -610,28 +645,17 @@ def _recheck(ctx: _Context, action: Action, state: SessionState) -> Settled | No
     planned_last = action.details.get("last_trace_at")
     if planned_last is not None and state.last_trace_at is not None and state.last_trace_at > planned_last + 1e-3:
         return Settled("stale", "it has a newer trace than when it was planned: it may be live; not deleted")
-    if state.tombstoned:
+    verdict = judge(trace_count=count, last_trace_at=state.last_trace_at, latest_dispatch=state.latest_dispatch,
+                    weight_version=state.weight_version, tombstone_fence=state.fence, reused=state.reused,
+                    deleted_fence=ctx.deleted_fence(action), now=time.time(), idle_seconds=ctx.idle_threshold(),
+                    max_weight_lag=ctx.max_weight_lag(),
+                    # asked of the gateway only for a session the weight version can decide
+                    current_weight_version=ctx.current_weight_version(action.target) if count == 1 else None,
+                    seconds_text=human_seconds)
+    if verdict.confidence is not None:
         return None
-    evidence = action.details.get("deleted_before")
-    journal = str(evidence.get("journal", "")) if isinstance(evidence, dict) else ""
-    if ctx.deleted_before(action, journal):
-        return None
-    why = "no tombstone and no recorded earlier delete"
-    if count != 1:
-        return Settled("stale", f"not an orphan by the live store: {count} traces, {why}; not deleted")
-    if state.last_trace_at is None:
-        return Settled("stale", f"not an orphan by the live store: its trace has no time, {why}; not deleted")
-    idle = time.time() - state.last_trace_at
-    threshold = ctx.idle_threshold()
-    if idle <= threshold:
-        return Settled("stale", f"not an orphan by the live store: its trace is {human_seconds(idle)} old, not past "
-                                f"the {human_seconds(threshold)} idle threshold, {why}: it may be live; not deleted")
-    current = ctx.current_weight_version(action.target)
-    lag = ctx.config.policy.max_weight_lag
-    if current is not None and state.weight_version is not None and current - state.weight_version <= lag:
-        return Settled("stale", f"its trace is at weight version {state.weight_version}, within {lag} of the "
-                                f"gateway's current {current}: it may be live; not deleted")
-    return None
+    why = "no tombstone and no recorded earlier delete it came before"
+    return Settled("stale", f"not an orphan by the live store: {verdict.reason}, {why}: it may be live; not deleted")
 
 
 def _after_send(settled: Settled, sends: int) -> Settled:
@@ -643,6 +667,8 @@ def _after_send(settled: Settled, sends: int) -> Settled:
 
 def _session_state_http(ctx: _Context, action: Action) -> SessionState:
     """The session as the gateway holds it now: its traces and, on a guarded launcher, its tombstone."""
+    from gatewayscope.sources.rllm_http import read_tombstones
+
     client = ctx.rllm(action.target)
     try:
         body = client.request("GET", f"{client.session_path(action.subject)}/traces")
@@ -653,6 +679,7 @@ def _session_state_http(ctx: _Context, action: Action) -> SessionState:
     ids: list[str] = []
     times: list[float] = []
     versions: list[int] = []
+    dispatched: list[float | None] = []
     for trace in body:
         if not isinstance(trace, dict):
             continue
@@ -664,15 +691,18 @@ def _session_state_http(ctx: _Context, action: Action) -> SessionState:
         version = trace.get("weight_version", metadata.get("weight_version") if isinstance(metadata, dict) else None)
         if isinstance(version, int) and not isinstance(version, bool):
             versions.append(version)
-    tombstoned: bool | None = None
-    if ctx.capability(action.target, "guard"):
-        check = client.request("POST", "/guard/tombstones/check", json_body={"session_ids": [action.subject]})
-        listed = check.get("tombstoned") if isinstance(check, dict) else None
-        if not isinstance(listed, list):
-            raise BadResponseError("POST /guard/tombstones/check did not return {\"tombstoned\": [...]}")
-        tombstoned = action.subject in listed
+        dispatched.append(dispatched_at_of(trace))
+    tombstone: Tombstone | None = None
+    guarded = ctx.capability(action.target, "guard")
+    if guarded:
+        tombstone = read_tombstones(client, [action.subject]).get(action.subject)
+    known = [when for when in dispatched if when is not None]
     return SessionState(trace_ids=tuple(sorted(ids)), last_trace_at=max(times) if times else None,
-                        weight_version=max(versions) if versions else None, tombstoned=tombstoned)
+                        weight_version=max(versions) if versions else None,
+                        tombstoned=(tombstone is not None) if guarded else None,
+                        latest_dispatch=max(known) if known and len(known) == len(dispatched) else None,
+                        fence=tombstone.fence if tombstone is not None else None,
+                        reused=tombstone.reused if tombstone is not None else False)
 
 
 def _delete_http(ctx: _Context, action: Action, state: SessionState) -> Settled | str:
@@ -1049,13 +1079,16 @@ def apply_plan(
     journal: Journal | None = None,
     transports: dict[str, Any] | None = None,
     on_result: Callable[[ActionResult], None] | None = None,
-    deleted_ids: Collection[str] = (),
+    deleted_ids: Mapping[str, Any] | None = None,
 ) -> ApplyReport:
     """Apply ``plan`` (a dry run unless ``options.write``). ``on_result`` is called after each action (progress).
 
-    ``deleted_ids``: session ids the caller knows were deleted before (as ``build_plan`` took them); with
-    the journals a plan names, they are the only "deleted before" evidence apply accepts, never the plan's
-    word alone.
+    ``deleted_ids``: the sessions the caller knows were deleted before, each with the moment of that delete
+    (``{id: epoch seconds}`` or ``{target: {id: epoch seconds}}``, as
+    :func:`~gatewayscope.remediate.journal.deleted_sessions` reads them from apply journals). With the plan's
+    own record of it when the plan is trusted (made in this process, or signed and checked), they are the only
+    "deleted before" evidence apply accepts, and they prove an orphan only for traces dispatched before that
+    delete.
     """
     options = options or ApplyOptions()
     _validate(plan, config, options, journal)
@@ -1066,7 +1099,7 @@ def apply_plan(
         if plan.actions and not pending:
             report.already_applied = True
             return report
-        ctx = _Context(plan, config, options, journal, transports or {}, frozenset(deleted_ids))
+        ctx = _Context(plan, config, options, journal, transports or {}, deleted_ids)
         budget = _ErrorBudget(options.max_errors, on_result)
         if journal is not None and options.write:
             journal.append("apply-start", plan_id=plan.id, actions=len(pending), resumed=len(report.previous),

@@ -86,6 +86,37 @@ class Journal:
                 if r.get("plan_id") == plan_id and r.get("event") == "attempt"}
 
 
+def deleted_sessions(*journals: Journal) -> dict[str, dict[str, float]]:
+    """The sessions earlier applies deleted, per target, each with the moment its delete was first sent:
+    ``{target: {session_id: epoch seconds}}``, from the ``session_delete`` actions whose outcome is ``done``.
+
+    The moment is the first recorded attempt of that action (written before anything was sent, so at or before
+    the delete itself): a trace dispatched before it surely came before the delete. A done delete without a
+    recorded attempt proves nothing and is left out; of several deletes of one session, the latest counts.
+    """
+    found: dict[str, dict[str, float]] = {}
+    for journal in journals:
+        events = journal.read()
+        first: dict[tuple[str, str], float] = {}
+        for event in events:
+            if event.get("event") == "attempt" and event.get("kind") == "session_delete":
+                key = (str(event.get("plan_id")), str(event.get("action_id")))
+                stamp = event.get("ts")
+                if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) and stamp == stamp:
+                    first[key] = min(float(stamp), first.get(key, float(stamp)))
+        for event in events:
+            if event.get("event") != "outcome" or event.get("kind") != "session_delete" \
+                    or event.get("outcome") != "done":
+                continue
+            sent = first.get((str(event.get("plan_id")), str(event.get("action_id"))))
+            if sent is None:
+                continue
+            ids = found.setdefault(str(event.get("target")), {})
+            subject = str(event.get("subject"))
+            ids[subject] = max(sent, ids.get(subject, sent))
+    return found
+
+
 class ApplyLockedError(PlanError):
     """Another apply of the same plan, or into the same journal, is running."""
 

@@ -35,6 +35,7 @@ from gatewayscope.analysis.findings import Findings, TargetFindings, findings
 from gatewayscope.analysis.posture import SAFE_POSTURE
 from gatewayscope.config import Config
 from gatewayscope.errors import ConfigError, PlanError
+from gatewayscope.orphan_rule import delete_fences
 from gatewayscope.remediate.kinds import ACTION_KINDS, DESTRUCTIVE_KINDS
 from gatewayscope.render import human_seconds
 from gatewayscope.snapshot import Snapshot
@@ -102,6 +103,9 @@ class Plan:
     id: str = ""
     #: ``hmac-sha256:<hex>`` over the id, when the plan was saved with a plan key (see :func:`plan_key`)
     signature: str | None = None
+    #: whether what the plan says can be taken as evidence (its "deleted before" records): True for a plan made
+    #: in this process, and for a plan file whose signature was checked with the plan key; never saved
+    trusted: bool = field(default=False, compare=False, repr=False)
 
     def content(self) -> dict[str, Any]:
         """Everything but the id, in a stable form: what the id hashes."""
@@ -167,6 +171,9 @@ def plan_key() -> bytes | None:
     value = os.environ.get(PLAN_KEY_ENV, "")
     if value.strip():
         return value.strip().encode()
+    if value:
+        raise ConfigError(f"{PLAN_KEY_ENV} is set but holds only spaces: set it to the plan key, or unset it to "
+                          "work without one.")
     path = os.environ.get(PLAN_KEY_FILE_ENV, "")
     if not path:
         return None
@@ -301,19 +308,21 @@ def validate_plan_data(data: Any) -> list[str]:
                     ("last_trace_at", lambda v: v is None or _is_number(v), "null or a number"),
                     ("confidence", lambda v: v in ("confirmed", "suspected"), "'confirmed' or 'suspected'"),
                     ("weight_version", lambda v: v is None or _is_int(v), "null or a whole number"),
-                    ("deleted_before", lambda v: v is None or (isinstance(v, dict)
-                                                               and isinstance(v.get("journal"), str)),
-                     "null or {\"journal\": <path>}")):
+                    ("deleted_before", lambda v: v is None or (isinstance(v, dict) and (
+                        _is_number(v.get("deleted_at")) or isinstance(v.get("journal"), str))),
+                     "null or {\"deleted_at\": <epoch seconds>}")):
                 if key in details:
                     _check(problems, f"{where}.details.{key}", test(details[key]), expected, details[key])
     return problems
 
 
-def load_plan(path: str | Path, *, key: bytes | None = None) -> Plan:
+def load_plan(path: str | Path, *, key: bytes | None = None, ignore_signature: bool = False) -> Plan:
     """Read a plan file, check it against the plan schema and its id against its content.
 
     With a plan key (``key``, or the one configured in the environment) the plan must carry a valid
-    signature. Raises PlanFileError (one line per schema problem) or PlanError.
+    signature, and is then :attr:`Plan.trusted`. A signed plan read where no key is set is refused (its
+    signature cannot be checked) unless ``ignore_signature``: it is then read as an unsigned one. Raises
+    PlanFileError (one line per schema problem) or PlanError.
     """
     source = Path(path)
     try:
@@ -356,6 +365,11 @@ def load_plan(path: str | Path, *, key: bytes | None = None) -> Plan:
         if not hmac.compare_digest(str(plan.signature), sign(plan.id, key)):
             raise PlanError(f"{source} has a signature that the plan key does not match: it was changed, or made "
                             "with another key. Make the plan again with this key.")
+        plan.trusted = True
+    elif plan.signature and not ignore_signature:
+        raise PlanError(f"{source} is signed, but no plan key is set here ({PLAN_KEY_ENV} or {PLAN_KEY_FILE_ENV}), "
+                        "so its signature cannot be checked. Set the key it was signed with, or pass "
+                        "--ignore-signature to read it as an unsigned plan.")
     return plan
 
 
@@ -388,7 +402,7 @@ def posture_fingerprint(client_config: dict[str, Any]) -> str:
 
 
 def _rllm_actions(found: TargetFindings, *, include_suspected: bool, tombstone_ids: Collection[str],
-                  deleted_ids: Collection[str], warnings: list[str]) -> list[Action]:
+                  deleted_ids: Mapping[str, float], warnings: list[str]) -> list[Action]:
     snap, data, orphans = found.snapshot, found.snapshot.trace_store, found.orphans
     assert data is not None and orphans is not None
     chosen = orphans if include_suspected else orphans.filter(pl.col("confidence") == "confirmed")
@@ -472,13 +486,13 @@ def _rllm_actions(found: TargetFindings, *, include_suspected: bool, tombstone_i
     return actions
 
 
-def _deleted_evidence(session_id: str, deleted_ids: Collection[str],
-                      tombstoned: Collection[str]) -> dict[str, str] | None:
-    """Where a "deleted before" orphan's earlier delete is recorded (the journal apply re-reads), or None."""
+def _deleted_evidence(session_id: str, deleted_ids: Mapping[str, float],
+                      tombstoned: Collection[str]) -> dict[str, float] | None:
+    """When a "deleted before" orphan's earlier delete was recorded (for review: apply takes its evidence from
+    the journals it is given, or a signed plan), or None."""
     if session_id in tombstoned or session_id not in deleted_ids:
         return None
-    journal = deleted_ids.get(session_id) if isinstance(deleted_ids, Mapping) else None
-    return {"journal": str(journal)} if journal else None
+    return {"deleted_at": float(deleted_ids[session_id])}
 
 
 def _memory_delete_time(sessions: int, traces: int, chosen: pl.DataFrame) -> str:
@@ -562,7 +576,7 @@ def build_plan(found: Findings, config: None = None, *, only: Collection[str] = 
 @overload
 def build_plan(found: Snapshot, config: Config, *, only: Collection[str] = (), include_suspected: bool = False,
                include_deletes: bool = False, tombstone_ids: Collection[str] = (),
-               deleted_ids: Collection[str] = (), created_at: float | None = None) -> Plan: ...
+               deleted_ids: Mapping[str, Any] | None = None, created_at: float | None = None) -> Plan: ...
 
 
 def build_plan(
@@ -573,7 +587,7 @@ def build_plan(
     include_suspected: bool = False,
     include_deletes: bool = False,
     tombstone_ids: Collection[str] = (),
-    deleted_ids: Collection[str] = (),
+    deleted_ids: Mapping[str, Any] | None = None,
     created_at: float | None = None,
 ) -> Plan:
     """The plan that repairs ``found`` (the :class:`~gatewayscope.Findings` of a snapshot). Pure: no I/O, and no
@@ -583,8 +597,10 @@ def build_plan(
     proven-deleted ids first on guarded stores, sets drifted Bifrost posture back, shrinks records over
     their kind's pool and, with ``include_deletes``, deletes records that cannot be resized. ``only``
     restricts the action kinds; ``tombstone_ids`` adds ids to backfill on guarded stores. Session ids known to
-    have been deleted before confirm an orphan: give them to :func:`~gatewayscope.findings` (a mapping from id
-    to the journal that recorded the delete lets apply re-check that evidence before it deletes again).
+    have been deleted before, with the moment of that delete, confirm an orphan whose traces all came before
+    it: give them to :func:`~gatewayscope.findings`. The plan records that evidence for review; apply never
+    takes it from the plan file (an unsigned file can be edited): it needs the same journals again, or a
+    signed plan.
 
     A Snapshot with its ``config`` (and ``deleted_ids``) is analysed first.
 
@@ -620,7 +636,7 @@ def build_plan(
             entry["capabilities"] = dict(snap.trace_store.capabilities)
             entry["guarded"] = snap.trace_store.guard is not None
             actions += _rllm_actions(target, include_suspected=include_suspected, tombstone_ids=tombstone_ids,
-                                     deleted_ids=found.deleted_ids, warnings=warnings)
+                                     deleted_ids=delete_fences(found.deleted_ids, snap.name), warnings=warnings)
         elif snap.bifrost is not None:
             actions += _bifrost_actions(target, include_deletes=include_deletes, warnings=warnings)
         targets.append(entry)
@@ -643,6 +659,7 @@ def build_plan(
         actions=actions,
         policy={**found.policy.to_dict(), "include_suspected": include_suspected, "include_deletes": include_deletes},
         warnings=warnings,
+        trusted=True,
     )
     plan.id = plan.compute_id()
     return plan

@@ -32,6 +32,7 @@ from gatewayscope._sqlite.locking import (
 from gatewayscope._sqlite.open import connect
 from gatewayscope.errors import StoreError
 from gatewayscope.guard import sqlite as sqlite_guard
+from gatewayscope.orphan_rule import dispatched_at_sql
 from gatewayscope.sources._batches import batches
 
 T = TypeVar("T")
@@ -43,8 +44,8 @@ TRANSACTION_SESSIONS = 32
 #: trace ids per DELETE statement (well under SQLite's variable limit)
 DELETE_BATCH = 500
 
-_SESSION_SQL = """
-    SELECT ts.trace_id, ts.created_at, json_extract(t.data, '$.weight_version')
+_SESSION_SQL = f"""
+    SELECT ts.trace_id, ts.created_at, json_extract(t.data, '$.weight_version'), {dispatched_at_sql("t.data")}
     FROM trace_sessions AS ts LEFT JOIN traces AS t ON t.trace_id = ts.trace_id
     WHERE ts.session_id = ?
 """
@@ -56,13 +57,20 @@ _UNSHARED_SQL = """
 
 @dataclass(frozen=True)
 class SessionState:
-    """A session as the live store holds it: its trace ids, newest trace time, newest weight version."""
+    """A session as the live store holds it: its trace ids, newest trace time, newest weight version, when its
+    newest trace was dispatched, and its tombstone."""
 
     trace_ids: tuple[str, ...]
     last_trace_at: float | None
     weight_version: int | None
     #: True/False where the store has the tombstone guard, None where it has none
     tombstoned: bool | None
+    #: the latest :func:`~gatewayscope.orphan_rule.dispatched_at` of its traces (None when one is unknown)
+    latest_dispatch: float | None = None
+    #: its tombstone's fence (``orphan_rule.UNKNOWN_FENCE`` where the guard gives no time), None without one
+    fence: float | None = None
+    #: whether the guard saw the id written again after that fence (a new use)
+    reused: bool = False
 
 
 @dataclass
@@ -139,14 +147,19 @@ class SessionDeleter:
         assert self._conn is not None
         conn = self._conn
         rows = self._retry(lambda: conn.execute(_SESSION_SQL, (session_id,)).fetchall())
-        tombstoned: bool | None = None
+        tombstone: sqlite_guard.Tombstone | None = None
         if self._has_tombstones:
-            tombstoned = self._retry(lambda: sqlite_guard.is_tombstoned(conn, session_id))
+            tombstone = self._retry(lambda: sqlite_guard.tombstone_of(conn, session_id))
         times = [float(r[1]) for r in rows if isinstance(r[1], (int, float))]
         versions = [int(r[2]) for r in rows if isinstance(r[2], int) and not isinstance(r[2], bool)]
+        dispatched = [float(r[3]) for r in rows if isinstance(r[3], (int, float))]
         return SessionState(trace_ids=tuple(sorted(str(r[0]) for r in rows)),
                             last_trace_at=max(times) if times else None,
-                            weight_version=max(versions) if versions else None, tombstoned=tombstoned)
+                            weight_version=max(versions) if versions else None,
+                            tombstoned=None if not self._has_tombstones else tombstone is not None,
+                            latest_dispatch=max(dispatched) if dispatched and len(dispatched) == len(rows) else None,
+                            fence=tombstone.fence if tombstone is not None else None,
+                            reused=tombstone.reused if tombstone is not None else False)
 
     def _delete(self, session_id: str) -> int:
         """The gateway's own delete: the session's junction rows, then its traces no other session shares."""

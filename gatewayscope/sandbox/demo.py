@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gatewayscope.sandbox.processes import (
     ManagedProcess,
@@ -94,14 +94,14 @@ class SandboxRun:
     #: the journal of the cleanup that ran on the guarded SQLite store before its guard (``--deleted-from``)
     cleanup_journal: str = ""
 
-    def deleted_ids(self) -> dict[str, str]:
-        """The sessions the cleanup's journal records as deleted, each with the journal (``deleted_ids=``)."""
+    def deleted_ids(self) -> dict[str, dict[str, float]]:
+        """The sessions the cleanup's journal records as deleted, per target, each with the moment of its delete
+        (``deleted_ids=``; see :func:`gatewayscope.remediate.journal.deleted_sessions`)."""
         if not self.cleanup_journal or not Path(self.cleanup_journal).exists():
             return {}
-        from gatewayscope.remediate.journal import Journal
+        from gatewayscope.remediate.journal import Journal, deleted_sessions
 
-        return {str(r["subject"]): self.cleanup_journal for r in Journal(self.cleanup_journal).read()
-                if r.get("event") == "outcome" and r.get("kind") == "session_delete" and r.get("outcome") == "done"}
+        return deleted_sessions(Journal(self.cleanup_journal))
     live_sessions: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def endpoints(self) -> dict[str, str]:
@@ -385,7 +385,7 @@ def exporter_argv(config_path: str | Path, port: int, *, host: str = "127.0.0.1"
 
 
 def demo_plan(snapshot: Snapshot, config: Config, *, out: str | Path | None = None,
-              deleted_ids: Mapping[str, str] | None = None) -> Plan:
+              deleted_ids: Mapping[str, Any] | None = None) -> Plan:
     """The plan the demo shows (never applies): everything the sandbox's findings call for.
 
     The unguarded stores' orphans are suspected (they carry no tombstone) and the unreachable Bifrost

@@ -30,6 +30,7 @@ from gatewayscope.errors import (
     NotFoundError,
     UnaddressableSessionError,
 )
+from gatewayscope.orphan_rule import UNKNOWN_FENCE, Tombstone, candidate_expr
 from gatewayscope.snapshot import (
     CANDIDATE_TRACES_SCHEMA,
     SESSIONS_SCHEMA,
@@ -177,11 +178,20 @@ def read_guard_status(client: RllmClient) -> GuardStats | None:
         return None
     if not isinstance(body, dict):
         raise BadResponseError("GET /guard/status did not return an object.")
+
+    def count(key: str) -> int:
+        value = body.get(key, 0)
+        number = as_int(value)
+        if number is None or number < 0:
+            raise BadResponseError(f"GET /guard/status: {key} is not a whole number >= 0 ({str(value)[:40]!r}).")
+        return number
+
     return GuardStats(
-        tombstones=int(body.get("tombstones", 0)),
-        capacity=int(body.get("capacity", 0)),
-        dropped_writes=int(body.get("dropped_writes", 0)),
-        evicted=int(body.get("evicted", 0)),
+        tombstones=count("tombstones"),
+        capacity=count("capacity"),
+        dropped_writes=count("dropped_writes"),
+        kept_after_fence=count("kept_after_fence"),
+        evicted=count("evicted"),
         enabled=bool(body.get("enabled", True)),
         top_droppers=[d for d in body.get("top_droppers", []) if isinstance(d, dict)],
         index=body["index"] if isinstance(body.get("index"), str) else None,
@@ -197,7 +207,7 @@ class LauncherIndex:
     /traces/query``)."""
 
     sessions: pl.DataFrame
-    tombstoned: list[str]
+    tombstoned: dict[str, Tombstone]
     session_total: int
     trace_total: int
     summaries: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
@@ -232,7 +242,7 @@ def read_launcher_index(client: RllmClient, *, idle_before: float, also: list[st
     ``summaries`` the launcher is asked for its candidates' trace summaries too (one that does not know the
     flag ignores it)."""
     rows: list[tuple[str, int, float | None, None]] = []
-    tombstoned: list[str] = []
+    tombstoned: dict[str, Tombstone] = {}
     summarized: dict[str, list[tuple[Any, ...]]] = {}
     totals: tuple[int, int] | None = None
     after: str | None = None
@@ -259,7 +269,7 @@ def read_launcher_index(client: RllmClient, *, idle_before: float, also: list[st
                 served = _summaries_of(item)
                 if served is not None:
                     summarized[item["session_id"]] = served
-        tombstoned.extend(str(sid) for sid in body["tombstoned"])
+        tombstoned.update(tombstones_of(body, "POST /guard/index"))
         following = body.get("next")
         if not isinstance(following, str) or (after is not None and following <= after):
             break
@@ -269,6 +279,36 @@ def read_launcher_index(client: RllmClient, *, idle_before: float, also: list[st
     assert totals is not None
     return LauncherIndex(sessions=frame_from_rows(rows, SESSIONS_SCHEMA), tombstoned=tombstoned,
                          session_total=totals[0], trace_total=totals[1], summaries=summarized)
+
+
+def tombstones_of(body: dict[str, Any], what: str) -> dict[str, Tombstone]:
+    """The tombstones an answer of the guarded launcher names: ``tombstoned`` (ids), with ``fences`` (id -> the
+    moment of its latest delete) and ``reused`` (ids written again after it) from a launcher that keeps fences; an
+    older one's ban has no time (``orphan_rule.UNKNOWN_FENCE``). BadResponseError for a malformed answer."""
+    listed, fences, reused = body.get("tombstoned"), body.get("fences", {}), body.get("reused", [])
+    if not isinstance(listed, list) or not isinstance(fences, dict) or not isinstance(reused, list):
+        raise BadResponseError(f"{what} did not return {{\"tombstoned\": [...], \"fences\": {{...}}, "
+                               "\"reused\": [...]}.")
+    again = {str(sid) for sid in reused}
+    found: dict[str, Tombstone] = {}
+    timed = "fences" in body
+    for sid in listed:
+        moment = as_float(fences.get(sid)) if timed else UNKNOWN_FENCE
+        if moment is None:
+            raise BadResponseError(f"{what} gave session {str(sid)[:80]!r} a fence that is not a number.")
+        found[str(sid)] = Tombstone(fence=moment, reused=str(sid) in again)
+    return found
+
+
+def read_tombstones(client: RllmClient, session_ids: list[str]) -> dict[str, Tombstone]:
+    """The tombstones of ``session_ids`` on a guarded launcher (``POST /guard/tombstones/check``, in batches)."""
+    found: dict[str, Tombstone] = {}
+    for batch in batches(session_ids, CHECK_BATCH):
+        body = client.request("POST", "/guard/tombstones/check", json_body={"session_ids": batch})
+        if not isinstance(body, dict):
+            raise BadResponseError("POST /guard/tombstones/check did not return {\"tombstoned\": [...]}.")
+        found.update(tombstones_of(body, "POST /guard/tombstones/check"))
+    return found
 
 
 class KnownTraces:
@@ -388,21 +428,17 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
             raise guard_error
         capabilities["guard"] = guard is not None
 
-        tombstoned: list[str] = [] if indexed is None else indexed.tombstoned
+        tombstoned: dict[str, Tombstone] = {} if indexed is None else indexed.tombstoned
         if guard is not None and guard.tombstones > 0 and indexed is None:
-            all_ids = sessions["session_id"].to_list()
-            for batch in batches(all_ids, CHECK_BATCH):
-                body = client.request("POST", "/guard/tombstones/check", json_body={"session_ids": batch})
-                if not isinstance(body, dict) or not isinstance(body.get("tombstoned"), list):
-                    raise BadResponseError("POST /guard/tombstones/check did not return {\"tombstoned\": [...]}.")
-                tombstoned.extend(str(s) for s in body["tombstoned"])
+            tombstoned = read_tombstones(client, sessions["session_id"].to_list())
 
         idle_before = now - policy.orphan_idle_seconds
+        # the ids a fence may prove orphans: tombstoned and not used again since, and the ones given as deleted
+        proof = pl.Series(sorted({*(sid for sid, stone in tombstoned.items() if not stone.reused), *also}),
+                          dtype=pl.String)
         # created_at is at or before the first trace, so a recent one means a recent trace
-        idle_single = (pl.col("trace_count") == 1) & (
-            pl.col("created_at").is_null() | (pl.col("created_at") <= idle_before))
-        tombstoned_ids = pl.Series(sorted(set(tombstoned)), dtype=pl.String)
-        candidate_sessions = sessions.filter(pl.col("session_id").is_in(tombstoned_ids.implode()) | idle_single)
+        candidate_sessions = sessions.filter(candidate_expr(pl.col("trace_count"), pl.col("created_at"), idle_before,
+                                                            pl.col("session_id").is_in(proof.implode())))
         reused: list[tuple[Any, ...]] = []
         trace_rows: list[tuple[Any, ...]] = []
         # the candidates the launcher summarized need no trace read; the others (all of them from any other
@@ -437,7 +473,9 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
     return TraceStoreData(
         sessions=sessions,
         candidate_traces=frame_from_rows(trace_rows, CANDIDATE_TRACES_SCHEMA),
-        tombstoned_ids=tombstoned,
+        tombstoned_ids=list(tombstoned),
+        fences={sid: stone.fence for sid, stone in tombstoned.items() if stone.fence != UNKNOWN_FENCE},
+        reused_ids=[sid for sid, stone in tombstoned.items() if stone.reused],
         current_weight_version=current_weight,
         guard=guard,
         capabilities=capabilities,

@@ -37,6 +37,7 @@ from gatewayscope._sqlite.schema import (
 )
 from gatewayscope._sqlite.statements import STATEMENT_SECONDS, StatementWatch, fetch_all, fetch_for, fetch_watched
 from gatewayscope.config import Policy, Target
+from gatewayscope.orphan_rule import Tombstone, candidate_expr, dispatched_at_sql
 from gatewayscope.snapshot import (
     CANDIDATE_TRACES_SCHEMA,
     SESSIONS_SCHEMA,
@@ -88,7 +89,8 @@ _TRACE_ROWS_SQL = """
            json_array_length(data, '$.prompt_token_ids'),
            json_extract(data, '$.token_counts.prompt'),
            length(json_extract(data, '$.messages')),
-           json_extract(data, '$.model')
+           json_extract(data, '$.model'),
+           """ + dispatched_at_sql("data").replace("{", "{{").replace("}", "}}") + """
     FROM traces WHERE {key} IN ({placeholders})
     ORDER BY {key}
 """
@@ -97,14 +99,15 @@ _TRACE_ROWS_SQL = """
 class GuardReader(Protocol):
     """Reads the tombstone guard's figures from the store, when its tables are among ``tables``.
 
-    Returns the guard's figures (None when it is not installed) and the tombstoned session ids that still have
-    rows in the store. Its statements run between the source's own, on its connection (busy handler off:
-    statements poll for the lock for up to ``busy_timeout`` seconds), paged by at most ``page_size`` ids and
+    Returns the guard's figures (None when it is not installed) and the tombstones of the sessions that still
+    have rows in the store (their fences, and whether the guard saw each written again after it). Its
+    statements run between the source's own, on its connection (busy handler off: statements poll for the
+    lock for up to ``busy_timeout`` seconds), paged by at most ``page_size`` ids and
     watched by ``watch``. :func:`gatewayscope.guard.sqlite.read_for_scan` is the one the scan passes.
     """
 
     def __call__(self, conn: sqlite3.Connection, tables: set[str], *, busy_timeout: float, page_size: int,
-                 watch: StatementWatch) -> tuple[GuardStats | None, list[str]]: ...
+                 watch: StatementWatch) -> tuple[GuardStats | None, dict[str, Tombstone]]: ...
 
 
 class IndexReader(Protocol):
@@ -239,7 +242,7 @@ def _iter_candidate_traces(conn: sqlite3.Connection, session_ids: list[str], *, 
                            busy_timeout: float, probe: WriterProbe | None = None,
                            watch: StatementWatch | None = None) -> Iterator[list[tuple[Any, ...]]]:
     """Rows of (session_id, trace_id, created_at, weight_version, prompt ids, prompt tokens, prompt chars,
-    model) for every trace of ``session_ids``, in statements of at most ``seconds`` of lock each.
+    model, dispatched_at) for every trace of ``session_ids``, in statements of at most ``seconds`` of lock each.
 
     First the traces' ids and rowids (``_TRACE_IDS_SQL``, by session), then their rows (``_TRACE_ROWS_SQL``)
     in rowid order; a statement that stops early is resumed after the last rowid it read. A trace whose
@@ -288,13 +291,14 @@ def _iter_trace_rows(conn: sqlite3.Connection, key: str, keys: list[Any], *, sec
 def candidate_trace_row(raw: tuple[Any, ...]) -> tuple[Any, ...]:
     """A CANDIDATE_TRACES_SCHEMA row from one row of :func:`_iter_candidate_traces` (the token ids' count, else
     the recorded prompt count; a value of the wrong type as None)."""
-    sid, trace_id, created, weight_v, n_ids, n_prompt, chars, model = raw
+    sid, trace_id, created, weight_v, n_ids, n_prompt, chars, model, dispatched = raw
     prompt_tokens = n_ids if n_ids else n_prompt
     return (
         sid, trace_id, created,
         int(weight_v) if isinstance(weight_v, (int, float)) else None,
         int(prompt_tokens) if isinstance(prompt_tokens, (int, float)) else None,
         chars, model if isinstance(model, str) else None,
+        float(dispatched) if isinstance(dispatched, (int, float)) else None,
     )
 
 
@@ -342,16 +346,20 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
         idle_before = now - policy.orphan_idle_seconds
         indexed = None
 
-        def read_guard() -> tuple[GuardStats | None, list[str]]:
+        def read_guard() -> tuple[GuardStats | None, dict[str, Tombstone]]:
             if guard_reader is None:
-                return None, []
+                return None, {}
             return guard_reader(conn, tables, busy_timeout=wait, page_size=page_size, watch=watch)
 
-        guard_read: tuple[GuardStats | None, list[str]] | None = None
+        def fenced(tombstones: dict[str, Tombstone]) -> list[str]:
+            """The ids a fence may prove orphans: tombstoned and not used again since, and those of ``also``."""
+            return [*(sid for sid, stone in tombstones.items() if not stone.reused), *(also or [])]
+
+        guard_read: tuple[GuardStats | None, dict[str, Tombstone]] | None = None
         if index_reader is not None and guard_reader is not None:
             # the guard first: its tombstoned sessions are candidates too, looked up in the index by key
             guard_read = read_guard()
-            indexed = index_reader(conn, tables, idle_before=idle_before, also=[*guard_read[1], *(also or [])],
+            indexed = index_reader(conn, tables, idle_before=idle_before, also=fenced(guard_read[1]),
                                    busy_timeout=wait, page_size=page_size, watch=watch)
         if indexed is not None:
             assert guard_read is not None
@@ -366,7 +374,7 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
                                                            page_limit=page_size):
                 session_total, trace_total = session_total + count, trace_total + traces
                 wanted += ids
-            rows = [row for page in _iter_by_session(conn, _SESSION_ROWS_SQL, [*wanted, *tombstoned, *(also or [])],
+            rows = [row for page in _iter_by_session(conn, _SESSION_ROWS_SQL, [*wanted, *fenced(tombstoned)],
                                                      seconds=STATEMENT_SECONDS, busy_timeout=wait, probe=probe,
                                                      watch=watch)
                     for row in page]
@@ -383,12 +391,11 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
             guard, tombstoned = guard_read or read_guard()  # read once: before the pages when the index was looked for
         weight = current_weight_version(conn, busy_timeout=wait, watch=watch)
 
-        candidates = sessions.filter(
-            (pl.col("trace_count") == 1) & (pl.col("last_trace_at") <= idle_before)
+        proof = fenced(tombstoned)
+        candidates = sessions.filter(candidate_expr(
+            pl.col("trace_count"), pl.col("last_trace_at"), idle_before,
+            pl.col("session_id").is_in(pl.Series(proof, dtype=pl.String).implode()))
         )["session_id"].to_list()
-        if tombstoned:
-            seen = set(candidates)
-            candidates.extend(sid for sid in tombstoned if sid not in seen)
         trace_rows: list[tuple[Any, ...]] = []
         for rows in _iter_candidate_traces(conn, candidates, seconds=STATEMENT_SECONDS, busy_timeout=wait,
                                            probe=probe, watch=watch):
@@ -396,7 +403,9 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
     return TraceStoreData(
         sessions=sessions,
         candidate_traces=frame_from_rows(trace_rows, CANDIDATE_TRACES_SCHEMA),
-        tombstoned_ids=tombstoned,
+        tombstoned_ids=list(tombstoned),
+        fences={sid: stone.fence for sid, stone in tombstoned.items()},
+        reused_ids=[sid for sid, stone in tombstoned.items() if stone.reused],
         current_weight_version=weight,
         guard=guard,
         capabilities={"weight_version": weight is not None, "batch_delete": False, "guard": guard is not None},

@@ -45,6 +45,7 @@ from gatewayscope._sqlite.locking import WriterProbe, one_reader_per_file
 from gatewayscope._sqlite.reading import reading_store
 from gatewayscope._sqlite.statements import STATEMENT_SECONDS, StatementWatch, fetch_all, fetch_for
 from gatewayscope.config import Policy, Target
+from gatewayscope.orphan_rule import candidate_expr
 from gatewayscope.snapshot import (
     CANDIDATE_TRACES_SCHEMA,
     SESSIONS_SCHEMA,
@@ -398,8 +399,8 @@ def _candidate_ids(sessions: pl.DataFrame, policy: Policy, *, now: float) -> lis
     """The sessions the scan reads the traces of: one trace, idle past the policy's threshold (no tombstones in
     an unguarded store)."""
     idle_before = now - policy.orphan_idle_seconds
-    return list(sessions.filter((pl.col("trace_count") == 1) & (pl.col("last_trace_at") <= idle_before))
-                ["session_id"].to_list())
+    return list(sessions.filter(candidate_expr(pl.col("trace_count"), pl.col("last_trace_at"), idle_before,
+                                               pl.lit(False)))["session_id"].to_list())
 
 
 def _read_candidates(run: _Read, session_ids: list[str]) -> dict[str, list[tuple[Any, ...]]]:

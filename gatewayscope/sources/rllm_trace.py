@@ -13,8 +13,13 @@ import json
 import math
 from typing import Any
 
+from gatewayscope.orphan_rule import dispatched_at_of
+
 #: the keys of one trace's summary on ``POST /guard/index``, in the order of the row after its session id
-SUMMARY_FIELDS = ("trace_id", "timestamp", "weight_version", "prompt_tokens", "prompt_chars", "model")
+SUMMARY_FIELDS = ("trace_id", "timestamp", "weight_version", "prompt_tokens", "prompt_chars", "model",
+                  "dispatched_at")
+#: the keys an older launcher's summaries lack (each is None then)
+OPTIONAL_SUMMARY_FIELDS = ("dispatched_at",)
 
 
 def as_float(value: Any) -> float | None:
@@ -37,8 +42,8 @@ def prompt_chars(messages: Any, *, strict: bool = False) -> int | None:
 
 def trace_row(trace: dict[str, Any], *, strict: bool = False) -> tuple[Any, ...]:
     """One CANDIDATE_TRACES_SCHEMA row from a trace record (upstream's ``weight_version`` when present):
-    (session_id, trace_id, timestamp, weight_version, prompt_tokens, prompt_chars, model). ``strict``: see
-    :func:`prompt_chars`."""
+    (session_id, trace_id, timestamp, weight_version, prompt_tokens, prompt_chars, model, dispatched_at).
+    ``strict``: see :func:`prompt_chars`."""
     prompt_ids = trace.get("prompt_token_ids")
     raw_counts = trace.get("token_counts")
     token_counts: dict[str, Any] = raw_counts if isinstance(raw_counts, dict) else {}
@@ -55,6 +60,7 @@ def trace_row(trace: dict[str, Any], *, strict: bool = False) -> tuple[Any, ...]
         prompt_tokens,
         prompt_chars(trace.get("messages"), strict=strict),
         trace.get("model") if isinstance(trace.get("model"), str) else None,
+        dispatched_at_of(trace),
     )
 
 
@@ -76,10 +82,14 @@ def summary_row(session_id: str, summary: Any) -> tuple[Any, ...] | None:
     a summary (a missing key, a value of the wrong type): the caller says what is wrong.
 
     >>> summary_row("a:0", {"trace_id": "t", "timestamp": 5, "weight_version": None, "prompt_tokens": 3,
-    ...                     "prompt_chars": 20, "model": "m"})
-    ('a:0', 't', 5.0, None, 3, 20, 'm')
+    ...                     "prompt_chars": 20, "model": "m", "dispatched_at": 4.5})
+    ('a:0', 't', 5.0, None, 3, 20, 'm', 4.5)
     """
-    if not isinstance(summary, dict) or not all(key in summary for key in SUMMARY_FIELDS):
+    if not isinstance(summary, dict) or not all(key in summary for key in SUMMARY_FIELDS
+                                                if key not in OPTIONAL_SUMMARY_FIELDS):
+        return None
+    dispatched = summary.get("dispatched_at")
+    if dispatched is not None and as_float(dispatched) is None:
         return None
     trace_id, timestamp = summary.get("trace_id"), summary.get("timestamp")
     model = summary.get("model")
@@ -92,4 +102,4 @@ def summary_row(session_id: str, summary: Any) -> tuple[Any, ...] | None:
         if value is not None and as_int(value) is None:
             return None
         counts.append(value)
-    return (session_id, trace_id, as_float(timestamp), *counts, model)
+    return (session_id, trace_id, as_float(timestamp), *counts, model, as_float(dispatched))

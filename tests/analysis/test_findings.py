@@ -46,8 +46,8 @@ def rllm(name: str = "rl") -> TargetSnapshot:
             ("taskA:1", 1, NOW - 60, NOW - 60),  # tombstoned: confirmed although fresh
             ("taskB:0", 4, NOW - 5 * HOUR, NOW - 30),  # live
         ], SESSIONS_SCHEMA),
-        candidate_traces=frame_from_rows([("taskA:0", "t0", NOW - 3 * HOUR, None, 300, 1200, "m"),
-                                          ("taskA:1", "t1", NOW - 60, None, 50, 200, "m")],
+        candidate_traces=frame_from_rows([("taskA:0", "t0", NOW - 3 * HOUR, None, 300, 1200, "m", NOW - 3 * HOUR - 1),
+                                          ("taskA:1", "t1", NOW - 60, None, 50, 200, "m", NOW - 61)],
                                          CANDIDATE_TRACES_SCHEMA),
         tombstoned_ids=["taskA:1"],
         guard=GuardStats(tombstones=7, capacity=100, dropped_writes=2),
@@ -130,14 +130,18 @@ def test_each_target_has_its_findings_and_the_frames_over_all_targets_agree() ->
 
 def test_findings_are_frozen_and_keep_their_own_policy_and_deleted_ids() -> None:
     cfg = config(("rl", "rllm"))
-    deleted = {"taskB:0": "/srv/journal.jsonl"}  # a mapping names the journal that recorded the delete
+    deleted = {"taskA:0": NOW - 10, "taskB:0": NOW - 10}  # earlier deletes, and when they were made
     found = findings(Snapshot(taken_at=NOW, targets=[rllm()]), cfg, deleted_ids=deleted)
     cfg.policy.orphan_idle_seconds = 1.0
     deleted.clear()
     assert found.policy.orphan_idle_seconds == 7200.0
-    assert found.deleted_ids == {"taskB:0": "/srv/journal.jsonl"}
-    assert found.orphans.filter(pl.col("session_id") == "taskB:0")["reason"].to_list() == [
+    assert found.deleted_ids == {"taskA:0": NOW - 10, "taskB:0": NOW - 10}
+    assert found.orphans.filter(pl.col("session_id") == "taskA:0")["reason"].to_list() == [
         "was deleted before and came back"]
+    # taskB:0's traces were not read: when they were dispatched is unknown, so its delete proves nothing
+    assert found.orphans.filter(pl.col("session_id") == "taskB:0").height == 0
+    with pytest.raises(TypeError, match="moment of its delete"):
+        findings(Snapshot(taken_at=NOW, targets=[rllm()]), cfg, deleted_ids={"taskB:0"})  # type: ignore[arg-type]
     with pytest.raises(dataclasses.FrozenInstanceError):
         found.taken_at = 0.0  # type: ignore[misc]
 

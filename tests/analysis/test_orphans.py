@@ -23,7 +23,7 @@ def data(sessions: list[tuple], traces: list[tuple], *, current: int | None = No
 
 
 def trace(sid: str, ts: float, weight: int | None = None, tokens: int = 100) -> tuple:
-    return (sid, f"t-{sid}", ts, weight, tokens, tokens * 4, "m")
+    return (sid, f"t-{sid}", ts, weight, tokens, tokens * 4, "m", ts - 1.0)
 
 
 def test_one_trace_idle_sessions_are_suspected_and_live_ones_never() -> None:
@@ -68,10 +68,10 @@ def test_weight_lag_decides_where_known() -> None:
 def test_tombstone_or_known_delete_confirms_whatever_the_age() -> None:
     d = data(
         sessions=[("x:0", 1, NOW - 10, None), ("y:0", 2, NOW - 10, None), ("z:0", 1, NOW - 3 * HOUR, None)],
-        traces=[trace("x:0", NOW - 10), trace("z:0", NOW - 3 * HOUR)],
+        traces=[trace("x:0", NOW - 10), trace("z:0", NOW - 3 * HOUR), trace("y:0", NOW - 12), trace("y:0", NOW - 11)],
         tombstoned=["x:0", "not-listed"],
     )
-    orphans = find_orphans(d, Policy(orphan_idle_seconds=2 * HOUR), NOW, deleted_ids={"y:0"})
+    orphans = find_orphans(d, Policy(orphan_idle_seconds=2 * HOUR), NOW, deleted_ids={"y:0": NOW - 5})
     by_id = {r["session_id"]: r for r in orphans.to_dicts()}
     assert by_id["x:0"]["confidence"] == "confirmed" and "tombstone" in by_id["x:0"]["reason"]
     assert by_id["y:0"]["confidence"] == "confirmed" and "deleted before" in by_id["y:0"]["reason"]

@@ -50,7 +50,8 @@ def rllm_snapshot(*, guard: GuardStats | None = None, up: bool = True) -> Target
         (TOMBSTONED_ID, 1, NOW - 50, NOW - 40),  # carries a tombstone: confirmed
         (LIVE_ID, 3, NOW - 100, NOW - 10),  # live
     ], SESSIONS_SCHEMA)
-    traces = frame_from_rows([(ORPHAN_ID, TRACE_ID, NOW - 8000, None, 100, 400, "m")], CANDIDATE_TRACES_SCHEMA)
+    traces = frame_from_rows([(ORPHAN_ID, TRACE_ID, NOW - 8000, None, 100, 400, "m", NOW - 8001)],
+                             CANDIDATE_TRACES_SCHEMA)
     data = TraceStoreData(sessions=sessions, candidate_traces=traces, tombstoned_ids=[TOMBSTONED_ID], guard=guard)
     return TargetSnapshot(name=RLLM.name, kind="rllm", address=RLLM.address, up=up, started_at=NOW,
                           duration_seconds=0.25, trace_store=data if up else None,

@@ -9,11 +9,12 @@ write can arrive in the middle of the check.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
 
-from gatewayscope.guard.memory import GuardedTraceStore
+from gatewayscope.guard.memory import GuardedTraceStore, request_arrived
 
 
 class YieldingStore:
@@ -37,20 +38,37 @@ class YieldingStore:
         return len(self.sessions.pop(session_id, []))
 
 
-def test_a_write_arriving_during_the_check_waits_and_is_then_dropped() -> None:
+def test_a_write_arriving_during_the_check_waits_and_then_lands_as_a_new_use() -> None:
     async def scenario() -> tuple[Any, dict[str, list[str]], int]:
         inner = YieldingStore()
         guard = GuardedTraceStore(inner)
         await guard.store_trace("t1", "s:0", {})
         delete = asyncio.create_task(guard.delete_session_if("s:0", ["t1"], False))
         await asyncio.sleep(0.001)  # the check is reading now
-        await guard.store_trace("t2", "s:0", {})  # waits at the gate, then meets the tombstone
+        with request_arrived(time.time()):  # the request reaches the gateway now, after the check began
+            await guard.store_trace("t2", "s:0", {})  # waits at the gate, then lands after the delete
         return await delete, inner.sessions, guard.stats().dropped_writes
 
     (deleted, live, tombstoned), sessions, dropped = asyncio.run(scenario())
     assert (deleted, live, tombstoned) == (1, ["t1"], False)
-    assert sessions == {}
-    assert dropped == 1
+    assert sessions == {"s:0": ["t2"]}  # the orphan is gone; the write the check never saw is kept
+    assert dropped == 0
+
+
+def test_a_straggler_from_before_the_check_is_dropped_after_the_delete() -> None:
+    async def scenario() -> tuple[dict[str, list[str]], int]:
+        inner = YieldingStore()
+        guard = GuardedTraceStore(inner)
+        await guard.store_trace("t1", "s:0", {})
+        sent = time.time()  # its request reached the gateway before the check
+        delete = asyncio.create_task(guard.delete_session_if("s:0", ["t1"], False))
+        await asyncio.sleep(0.001)
+        with request_arrived(sent):
+            await guard.store_trace("late", "s:0", {})
+        await delete
+        return inner.sessions, guard.stats().dropped_writes
+
+    assert asyncio.run(scenario()) == ({}, 1)
 
 
 def test_a_session_that_does_not_match_is_kept_and_its_waiting_write_lands() -> None:

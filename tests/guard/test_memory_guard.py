@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import io
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,7 +48,15 @@ def trace(trace_id: str, session_id: str) -> dict[str, Any]:
 
 
 async def write(store: Any, trace_id: str, session_id: str) -> None:
+    """A write whose request reached the gateway now (its record says nothing of when it was sent)."""
     await store.store_trace(trace_id, session_id, trace(trace_id, session_id))
+
+
+async def straggle(store: Any, trace_id: str, session_id: str) -> None:
+    """A straggler's write: an hour-long call whose request reached the gateway an hour ago, before any delete
+    these tests make; its record says so, as the gateway's own records do (timestamp minus latency)."""
+    record = {**trace(trace_id, session_id), "timestamp": time.time(), "latency_ms": 3_600_000.0}
+    await store.store_trace(trace_id, session_id, record)
 
 
 async def session_ids(store: Any) -> set[str]:
@@ -72,7 +81,7 @@ def test_straggler_after_delete_is_dropped_not_resurrected() -> None:
         await write(guard, "t1", "uid:0")
         await write(guard, "t2", "uid:0")
         assert await guard.delete_session("uid:0") == 2
-        await write(guard, "t3", "uid:0")  # the straggler: its call returned after flush + delete
+        await straggle(guard, "t3", "uid:0")  # the straggler: its call returned after flush + delete
 
         assert await session_ids(guard) == set()
         assert await guard.get_session_traces("uid:0") == []
@@ -92,7 +101,7 @@ def test_the_block_is_permanent_across_repeated_late_writes() -> None:
         await write(guard, "t1", "uid:0")
         await guard.delete_session("uid:0")
         for i in range(25):
-            await write(guard, f"late{i}", "uid:0")
+            await straggle(guard, f"late{i}", "uid:0")
         assert await session_ids(guard) == set()
 
     run(scenario)
@@ -108,7 +117,7 @@ def test_unrelated_sessions_are_unaffected() -> None:
         await write(guard, "a1", "task:0")
         await write(guard, "b1", "task:1")
         await guard.delete_session("task:0")
-        await write(guard, "a2", "task:0")  # dropped
+        await straggle(guard, "a2", "task:0")  # dropped
         await write(guard, "b2", "task:1")  # kept
         await write(guard, "c1", "task:2")  # a new session: kept
         assert await session_ids(guard) == {"task:1", "task:2"}
@@ -129,8 +138,8 @@ def test_fifo_cap_evicts_the_oldest_first_and_counts() -> None:
             await guard.delete_session(f"s{i}")
         assert guard.tombstoned_among([f"s{i}" for i in range(5)]) == ["s2", "s3", "s4"]
         # an evicted id is unprotected again (the documented cost of the cap); a kept one is not
-        await write(guard, "late0", "s0")
-        await write(guard, "late4", "s4")
+        await straggle(guard, "late0", "s0")
+        await straggle(guard, "late4", "s4")
         assert await session_ids(guard) == {"s0"}
 
     run(scenario)
@@ -167,7 +176,7 @@ def test_cap_zero_restores_the_legacy_behaviour() -> None:
     assert not guard.is_tombstoned("uid:0")
     assert guard.add_tombstones(["x"]) == (0, 0)
     assert guard.stats() == GuardStats(tombstones=0, capacity=0, dropped_writes=0, evicted=0, enabled=False,
-                                       index="absent")
+                                       index="absent", kept_after_fence=0)
 
 
 def test_per_session_drop_counts_keep_the_worst_offenders_in_bounded_memory() -> None:
@@ -177,11 +186,11 @@ def test_per_session_drop_counts_keep_the_worst_offenders_in_bounded_memory() ->
         for sid in ["heavy", "medium"] + [f"once{i}" for i in range(50)]:
             await guard.delete_session(sid)
         for i in range(10):
-            await write(guard, f"h{i}", "heavy")
+            await straggle(guard, f"h{i}", "heavy")
         for i in range(4):
-            await write(guard, f"m{i}", "medium")
+            await straggle(guard, f"m{i}", "medium")
         for i in range(50):  # fifty one-off stragglers churn through the table
-            await write(guard, f"o{i}", f"once{i}")
+            await straggle(guard, f"o{i}", f"once{i}")
 
     run(scenario)
     stats = guard.stats()
@@ -234,7 +243,7 @@ def test_add_tombstones_backfills_idempotently_and_deletes_nothing() -> None:
         assert guard.add_tombstones(["old:3", "old:4"]) == (0, 2)
         # backfill records, it never deletes: the orphan is still there until someone deletes it
         assert await session_ids(guard) == {"old:3"}
-        await write(guard, "late", "old:4")
+        await straggle(guard, "late", "old:4")
         assert await session_ids(guard) == {"old:3"}
         # the cap applies to backfill too: the oldest (old:3) is evicted
         assert guard.add_tombstones(["n1", "n2", "n3"]) == (3, 0)
@@ -299,7 +308,7 @@ async def _straggler_during_inner_delete(max_tombstones: int) -> set[str]:
     await write(guard, "t1", "uid:0")
     delete = asyncio.create_task(guard.delete_session("uid:0"))
     await inner.delete_entered.wait()  # the inner delete is running and awaiting
-    await write(guard, "t2", "uid:0")  # the straggler arrives right now
+    await straggle(guard, "t2", "uid:0")  # the straggler's trace lands right now
     inner.release_delete.set()
     await delete
     return await session_ids(inner)
@@ -404,7 +413,7 @@ def test_the_guard_works_around_the_real_sqlite_store(tmp_path: Path) -> None:
             await write(guard, "t1", "uid:0")
             await write(guard, "k1", "keep:0")
             await guard.delete_session("uid:0")
-            await write(guard, "t2", "uid:0")
+            await straggle(guard, "t2", "uid:0")
             return sorted(await session_ids(guard))
         finally:
             await guard.close()
@@ -424,7 +433,7 @@ def app_client(max_tombstones: int = 1_000_000) -> tuple[Any, httpx.AsyncClient]
     return app, client
 
 
-def test_explicit_session_creation_lifts_a_tombstone_and_a_trace_write_never_does() -> None:
+def test_after_a_delete_the_next_use_of_the_id_is_kept_with_or_without_a_create() -> None:
     app, client = app_client()
     guard: GuardedTraceStore = app.state.guard
 
@@ -432,33 +441,56 @@ def test_explicit_session_creation_lifts_a_tombstone_and_a_trace_write_never_doe
         async with client:
             await write(guard, "t1", "uid:0")
             assert (await client.delete("/sessions/uid:0")).json() == {"deleted": 1}
-            # the implicit path (a proxied call's ensure_session) and a bare write do not lift
-            assert (await client.get("/sessions/uid:0")).status_code == 404
-            app.state.sessions.ensure_session("uid:0")
-            await write(guard, "late", "uid:0")
-            assert guard.is_tombstoned("uid:0")
-            assert (await client.get("/sessions/uid:0")).json()["trace_count"] == 0
-            # the retry re-creates the uid explicitly: lifted, and its traces are kept
+            await straggle(guard, "late", "uid:0")  # the old use's straggler: dropped
+            await write(guard, "step2a", "uid:0")  # the next step's bare use: kept, no create needed
+            # an explicit create changes nothing: the fence stays and the old use's stragglers are still dropped
             created = await client.post("/sessions", json={"session_id": "uid:0", "metadata": {"retry": 1}})
             assert created.json() == {"session_id": "uid:0", "url": "/sessions/uid:0/v1"}
-            assert not guard.is_tombstoned("uid:0")
-            await write(guard, "retry1", "uid:0")
+            assert guard.is_tombstoned("uid:0") and guard.is_reused("uid:0")
+            await straggle(guard, "late2", "uid:0")
+            await write(guard, "step2b", "uid:0")
             info = (await client.get("/sessions/uid:0")).json()
-            assert (info["trace_count"], info["metadata"]) == (1, {"retry": 1})
-            # a creation without an id makes a fresh one and lifts nothing else
-            await client.delete("/sessions/other:1")
-            await client.post("/sessions", json={})
-            assert guard.is_tombstoned("other:1")
+            assert info["trace_count"] == 2
+            assert [t["trace_id"] for t in (await client.get("/sessions/uid:0/traces")).json()] == [
+                "step2a", "step2b"]
 
     run(scenario)
-    assert guard.stats().dropped_writes == 1
+    stats = guard.stats()
+    assert (stats.dropped_writes, stats.kept_after_fence) == (2, 2)
 
 
-def test_the_lift_hook_is_installed_once() -> None:
-    app, _ = app_client()
-    hooked = app.state.sessions.create_session
-    guarded_gateway.install_lift_on_create(app.state.sessions, app.state.guard)
-    assert app.state.sessions.create_session is hooked
+def test_a_new_delete_moves_the_fence_and_forgets_the_use_before_it() -> None:
+    guard, _ = guarded()
+
+    async def scenario() -> None:
+        await guard.delete_session("uid:0")
+        first = guard.fence_of("uid:0")
+        await write(guard, "step2", "uid:0")
+        assert guard.is_reused("uid:0")
+        await guard.delete_session("uid:0")  # the end of step 2
+        assert guard.fence_of("uid:0") >= first and not guard.is_reused("uid:0")
+        await straggle(guard, "late", "uid:0")
+        assert await session_ids(guard) == set()
+
+    run(scenario)
+
+
+async def _new_use_during_an_awaited_inner_delete() -> list[str]:
+    inner = SlowDeleteStore()
+    guard = GuardedTraceStore(inner)
+    await write(guard, "t1", "uid:0")
+    delete = asyncio.create_task(guard.delete_session("uid:0"))
+    await inner.delete_entered.wait()  # the inner delete is running and awaiting
+    retry = asyncio.create_task(write(guard, "retry1", "uid:0"))  # the retry's first call lands right now
+    await asyncio.sleep(0)
+    inner.release_delete.set()
+    await delete
+    await retry
+    return [t["trace_id"] for t in await inner.get_session_traces("uid:0")]
+
+
+def test_a_new_use_arriving_during_an_awaited_inner_delete_waits_for_it_and_is_kept() -> None:
+    assert run(_new_use_during_an_awaited_inner_delete) == ["retry1"]
 
 
 def test_guard_routes_follow_the_contract() -> None:
@@ -468,26 +500,29 @@ def test_guard_routes_follow_the_contract() -> None:
     async def scenario() -> None:
         async with client:
             await client.delete("/sessions/a:0")
-            await write(guard, "late", "a:0")
-            await write(guard, "late2", "a:0")
+            await straggle(guard, "late", "a:0")
+            await straggle(guard, "late2", "a:0")
             status = (await client.get("/guard/status")).json()
             assert status == {"enabled": True, "tombstones": 1, "capacity": 3, "dropped_writes": 2,
-                              "evicted": 0, "top_droppers": [{"session_id": "a:0", "dropped": 2}],
-                              "index": "ready"}
+                              "kept_after_fence": 0, "evicted": 0,
+                              "top_droppers": [{"session_id": "a:0", "dropped": 2}], "index": "ready"}
 
             added = await client.post("/guard/tombstones", json={"session_ids": ["a:0", "task/x:1", "b:0"]})
             assert added.json() == {"added": 2, "already": 1, "tombstones": 3}
+            await write(guard, "again", "b:0")  # b:0 used again after its (backfilled) fence
             added = await client.post("/guard/tombstones", json={"session_ids": ["c:0"]})
             assert added.json() == {"added": 1, "already": 0, "tombstones": 3}  # a:0 evicted
 
-            checked = await client.post("/guard/tombstones/check",
-                                        json={"session_ids": ["a:0", "b:0", "nope", "task/x:1"]})
-            assert checked.json() == {"tombstoned": ["b:0", "task/x:1"]}
+            checked = (await client.post("/guard/tombstones/check",
+                                         json={"session_ids": ["a:0", "b:0", "nope", "task/x:1"]})).json()
+            assert checked["tombstoned"] == ["b:0", "task/x:1"] and checked["reused"] == ["b:0"]
+            assert set(checked["fences"]) == {"b:0", "task/x:1"}
+            assert all(abs(fence - time.time()) < 60 for fence in checked["fences"].values())
 
             assert (await client.delete("/guard/tombstones/task/x:1")).json() == {"lifted": True}
             assert (await client.delete("/guard/tombstones/task/x:1")).json() == {"lifted": False}
             status = (await client.get("/guard/status")).json()
-            assert (status["tombstones"], status["evicted"]) == (2, 1)
+            assert (status["tombstones"], status["evicted"], status["kept_after_fence"]) == (2, 1, 1)
 
     run(scenario)
 
@@ -524,7 +559,7 @@ def test_backfill_on_a_disabled_guard_is_refused_with_409() -> None:
             assert response.status_code == 409
             assert "disabled" in response.json()["error"]
             assert (await client.post("/guard/tombstones/check", json={"session_ids": ["a"]})).json() == {
-                "tombstoned": []}
+                "tombstoned": [], "fences": {}, "reused": []}
             status = (await client.get("/guard/status")).json()
             assert (status["enabled"], status["capacity"], status["tombstones"]) == (False, 0, 0)
 
@@ -550,7 +585,8 @@ def test_metrics_expose_the_guard_figures_without_labels() -> None:
             for sid in ("a", "b", "c"):
                 await client.delete(f"/sessions/{sid}")
             for _ in range(3):
-                await write(guard, "late", "c")
+                await straggle(guard, "late", "c")
+            await write(guard, "next", "c")
             plain = await client.get("/metrics")
             assert plain.headers["content-type"].startswith("text/plain")
             open_metrics = await client.get("/metrics", headers={"accept": "application/openmetrics-text"})
@@ -562,6 +598,7 @@ def test_metrics_expose_the_guard_figures_without_labels() -> None:
         "gatewayscope_guard_tombstones": 2.0,
         "gatewayscope_guard_tombstone_capacity": 2.0,
         "gatewayscope_guard_dropped_writes_total": 3.0,
+        "gatewayscope_guard_kept_after_fence_writes_total": 1.0,
         "gatewayscope_guard_tombstones_evicted_total": 1.0,
     }
     assert "# TYPE gatewayscope_guard_dropped_writes_total counter" in plain

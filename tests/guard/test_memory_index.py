@@ -59,10 +59,12 @@ def app_client(**kwargs: Any) -> tuple[Any, httpx.AsyncClient]:
 async def truth(client: httpx.AsyncClient, idle_before: float | None, also: list[str]) -> dict[str, Any]:
     """What the full read takes from ``GET /sessions``: totals and the candidates' (id, count, created_at)."""
     listing = (await client.get("/sessions")).json()
-    tombstoned = set((await client.post("/guard/tombstones/check",
-                                        json={"session_ids": [s["session_id"] for s in listing]})).json()["tombstoned"])
+    checked = (await client.post("/guard/tombstones/check",
+                                 json={"session_ids": [s["session_id"] for s in listing]})).json()
+    tombstoned = set(checked["tombstoned"])
+    confirmable = tombstoned - set(checked["reused"])  # used again since their fence: no orphan proof
     rows = sorted((s["session_id"], s["trace_count"], s["created_at"]) for s in listing
-                  if s["session_id"] in tombstoned or s["session_id"] in also or (s["trace_count"] == 1 and (
+                  if s["session_id"] in confirmable or s["session_id"] in also or (s["trace_count"] == 1 and (
                       idle_before is None or s["created_at"] is None or s["created_at"] <= idle_before)))
     return {"sessions": len(listing), "traces": sum(s["trace_count"] for s in listing), "rows": rows,
             "tombstoned": sorted(sid for sid, _, _ in rows if sid in tombstoned)}
@@ -121,7 +123,7 @@ def test_the_index_answers_what_the_listing_gives_through_random_traffic() -> No
                 elif roll < 0.72:
                     await guard.delete_session(sid)
                 elif roll < 0.8:
-                    await client.post("/sessions", json={"session_id": sid})  # a retry: lifts the tombstone
+                    await client.post("/sessions", json={"session_id": sid})  # a retry: changes no fence
                 elif roll < 0.85:
                     guard.add_tombstones([sid])
                 elif roll < 0.9:
@@ -133,11 +135,11 @@ def test_the_index_answers_what_the_listing_gives_through_random_traffic() -> No
                         also = rng.sample(ids, 3)
                         expected = await truth(client, idle_before, also)
                         assert await indexed(client, idle_before, also) == expected
-                        # with summaries: the same candidates, each one-trace or tombstoned one with the rows a read
-                        # of its whole records gives (an ``also`` session of more traces is never a scan's candidate)
+                        # with summaries: the same candidates, each one-trace, tombstoned or asked-for one with the
+                        # rows a read of its whole records gives
                         served = await indexed(client, idle_before, also, summaries=True)
                         wanted = [sid for sid, count, _ in expected["rows"]
-                                  if count == 1 or sid in expected["tombstoned"]]
+                                  if count == 1 or sid in expected["tombstoned"] or sid in also]
                         assert served.pop("summaries") == await whole_rows(client, wanted)
                         assert served == expected
 
@@ -344,7 +346,7 @@ def test_candidates_without_summaries_are_read_whole_and_the_others_not_at_all()
     target = Target(name="gw", kind="rllm", url="http://gw.test:9090")
     data = read_trace_store_http(target, Policy(), now=1e9, transport=httpx.MockTransport(handler))
     assert asked == [["b:0"]]
-    assert sorted(data.candidate_traces.iter_rows()) == [("a:0", "t1", 5.0, 2, 3, 40, "m"), trace_row(record)]
+    assert sorted(data.candidate_traces.iter_rows()) == [("a:0", "t1", 5.0, 2, 3, 40, "m", None), trace_row(record)]
 
 
 def test_an_index_whose_pages_do_not_advance_is_read_once() -> None:

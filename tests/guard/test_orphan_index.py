@@ -29,7 +29,7 @@ from gatewayscope.remediate.plan import build_plan
 from gatewayscope.scan import read_target, scan_report
 from gatewayscope.snapshot import Snapshot, TargetSnapshot
 from gatewayscope.sources.rllm_sqlite import read_trace_store_sqlite
-from tests.guard.test_sqlite_guard import Gateway
+from tests.guard.test_sqlite_guard import Gateway, now_data
 
 HOUR = 3600.0
 POLICY = Policy(orphan_idle_seconds=2 * HOUR)
@@ -59,25 +59,26 @@ def index_matches_store(path: Path) -> None:
     assert totals == [(len(truth), sum(row[1] for row in truth))]
 
 
-def read(path: Path, now: float, *, full: bool, deleted_ids: tuple[str, ...], index: bool = True) -> TargetSnapshot:
+def read(path: Path, now: float, *, full: bool, deleted_ids: dict[str, float], index: bool = True) -> TargetSnapshot:
     """The scan's read (the index when it is ready), the candidates read (``index=False``: as on a store without
     the index), or every session listed (``full``)."""
     target = Target(name="store", kind="rllm", path=str(path))
     if full or not index:
         data = read_trace_store_sqlite(target, POLICY, now=now, guard_reader=guard.read_for_scan, full=full,
-                                       also=deleted_ids)
+                                       also=list(deleted_ids))
         return TargetSnapshot(name="store", kind="rllm", address=target.address, up=True, started_at=now,
                               duration_seconds=0.0, trace_store=data)
-    snap = read_target(target, POLICY, now=now, also_sessions=deleted_ids)  # the index when it is ready
+    snap = read_target(target, POLICY, now=now, also_sessions=list(deleted_ids))  # the index when it is ready
     assert snap.up, snap.error
     snap.duration_seconds = 0.0
     return snap
 
 
-def both_reads_agree(path: Path, *, deleted_ids: tuple[str, ...] = ()) -> dict[str, Any]:
+def both_reads_agree(path: Path, *, deleted_ids: dict[str, float] | None = None) -> dict[str, Any]:
     """Scan ``path`` through the index, with the candidates read and in full; the report, orphans and plan must
     be the same. Returns the index read's report entry."""
     now = time.time()
+    deleted_ids = deleted_ids or {}
     config = Config(targets=[Target(name="store", kind="rllm", path=str(path))], policy=POLICY)
     reports, plans, frames, reads = [], [], [], []
     for full, index in ((False, True), (True, True), (False, False)):
@@ -158,16 +159,14 @@ def test_deletes_stragglers_backfills_and_lifted_retries_keep_the_reads_equal(gw
     gw.delete(ODD_IDS[0])
     guard.add_tombstones(db, ["task1:1", "multi:1", ODD_IDS[1]])  # tombstoned while they still have rows
     index_matches_store(db)
-    entry = both_reads_agree(db, deleted_ids=("multi:2", "task2:2"))
+    entry = both_reads_agree(db, deleted_ids=dict.fromkeys(("multi:2", "task2:2"), time.time()))
     assert entry["_index_used"] and entry["orphans"]["confirmed"] >= 3
 
-    # an rLLM retry reusing deleted uids: lifted, then its writes land again (one session, several traces)
+    # rLLM reusing deleted uids (a retry, the next step): their new calls land after the fence, no lift needed
     for sid in ("task0:0", "multi:0"):
-        assert guard.lift_tombstone(db, sid)
-        gw.write(f"retry-{sid}-a", sid)
-        gw.write(f"retry-{sid}-b", sid)
-    assert guard.lift_tombstone(db, "task1:1")
-    gw.write("again-task1:1", "task1:1")  # its second trace: no longer a one-trace session
+        gw.write(f"retry-{sid}-a", sid, now_data(f"retry-{sid}-a", sid))
+        gw.write(f"retry-{sid}-b", sid, now_data(f"retry-{sid}-b", sid))
+    gw.write("again-task1:1", "task1:1", now_data("again-task1:1", "task1:1"))  # no longer one trace
     index_matches_store(db)
     entry = both_reads_agree(db)
     assert entry["_index_used"]
@@ -334,17 +333,17 @@ def test_index_and_candidates_reads_survive_a_snapshot_round_trip_and_a_full_lis
     build(gw, db)
     now = time.time()
     config = Config(targets=[Target(name="store", kind="rllm", path=str(db))], policy=POLICY)
-    listed = Snapshot(taken_at=now, targets=[read(db, now, full=True, deleted_ids=())])
+    listed = Snapshot(taken_at=now, targets=[read(db, now, full=True, deleted_ids={})])
     listed.save(tmp_path / "listed")
     assert "session_total" not in (tmp_path / "listed" / "manifest.json").read_text()  # as before the index
-    plain = Snapshot(taken_at=now, targets=[read(db, now, full=False, deleted_ids=())])  # the candidates read
+    plain = Snapshot(taken_at=now, targets=[read(db, now, full=False, deleted_ids={})])  # the candidates read
     loaded_plain = Snapshot.load(plain.save(tmp_path / "plain"))
     plain_data = loaded_plain.targets[0].trace_store
     assert plain_data is not None and (plain_data.session_total, plain_data.trace_total) == (56, 76)
     assert scan_report(findings(loaded_plain, config)) == scan_report(findings(listed, config))
 
     guard.install(db)
-    snapshot = Snapshot(taken_at=now, targets=[read(db, now, full=False, deleted_ids=())])
+    snapshot = Snapshot(taken_at=now, targets=[read(db, now, full=False, deleted_ids={})])
     loaded = Snapshot.load(snapshot.save(tmp_path / "indexed"))
     data = loaded.targets[0].trace_store
     assert data is not None and (data.session_total, data.trace_total) == (56, 76)
@@ -359,7 +358,7 @@ def test_the_notebook_scan_reads_the_sessions_it_was_told_were_deleted_from_an_i
 
     build(gw, db)
     guard.install(db)
-    confirmed = ScanController(trace_stores=[str(db)], orphan_idle_seconds=HOUR, deleted_ids={"multi:2"})
+    confirmed = ScanController(trace_stores=[str(db)], orphan_idle_seconds=HOUR, deleted_ids={"multi:2": time.time()})
     confirmed.scan()
     assert confirmed.snapshot is not None and confirmed.snapshot.targets[0].trace_store is not None
     assert confirmed.snapshot.targets[0].trace_store.session_total is not None  # the index was read
@@ -402,12 +401,12 @@ def test_findings_refuse_deleted_ids_an_index_read_was_not_asked_for(gw: Gateway
     guard.install(db)
     config = Config(targets=[Target(name="store", kind="rllm", path=str(db))], policy=POLICY)
     now = time.time()
-    blind = Snapshot(taken_at=now, targets=[read(db, now, full=False, deleted_ids=())])
+    blind = Snapshot(taken_at=now, targets=[read(db, now, full=False, deleted_ids={})])
     with pytest.raises(GatewayscopeError, match=r"also_sessions"):
-        findings(blind, config, deleted_ids={"multi:2"})
-    asked = Snapshot(taken_at=now, targets=[read(db, now, full=False, deleted_ids=("multi:2",))])
+        findings(blind, config, deleted_ids={"multi:2": now})
+    asked = Snapshot(taken_at=now, targets=[read(db, now, full=False, deleted_ids={"multi:2": now})])
     loaded = Snapshot.load(asked.save(tmp_path / "snap"))
     for snapshot in (asked, loaded):
-        found = findings(snapshot, config, deleted_ids={"multi:2"})
+        found = findings(snapshot, config, deleted_ids={"multi:2": now})
         assert found.orphans.filter(pl.col("session_id") == "multi:2")["confidence"].to_list() == ["confirmed"]
     assert findings(blind, config).counts["orphans"] > 0  # without deleted ids nothing is missing

@@ -183,17 +183,20 @@ def test_straggler_after_delete_is_dropped_and_counted_once(gw: Gateway, db: Pat
     assert "A" not in gw.sessions()
 
 
-def test_trace_data_without_the_session_id_still_leaves_no_orphan_row(gw: Gateway, db: Path) -> None:
-    """The junction trigger is the backstop: it refuses the link and removes the unshared trace row."""
+def test_the_junction_row_decides_whatever_session_the_trace_data_names(gw: Gateway, db: Path) -> None:
+    """The junction row says which session a write is for: a straggler is refused there, and its unshared trace
+    row removed, even when its JSON names another session; a write whose dispatch time cannot be read is kept
+    (unsure means keep: a kept straggler is an orphan a scan finds, a dropped new use is lost)."""
     seed_sessions(gw)
     guard.install(db)
     gw.delete("A")
-    gw.write("x1", "A", {"no": "session id here"})
     gw.write("x2", "A", trace_data("x2", "some-other-id"))  # data names a live id, the link is for A
-    assert "A" not in gw.sessions()
-    assert {"x1", "x2"}.isdisjoint(all_trace_ids(db))
-    assert guard.status(db).dropped_writes == 2  # once each, though the trace trigger let them pass
-    assert tombstones(db)["A"] == 2
+    assert "A" not in gw.sessions() and "x2" not in all_trace_ids(db)
+    gw.write("x1", "A", {"no": "timestamp here"})
+    assert gw.sessions()["A"] == 1 and "x1" in all_trace_ids(db)
+    status = guard.status(db)
+    assert (status.dropped_writes, status.kept_after_fence) == (1, 1)
+    assert tombstones(db)["A"] == 1
     assert fk_violations(db) == []
 
 
@@ -212,21 +215,20 @@ def test_two_interleaved_writes_of_one_tombstoned_session_count_once_each(gw: Ga
         for trace_id in ("p1", "p2"):  # ... then both junction rows
             conn.execute("INSERT OR IGNORE INTO trace_sessions (trace_id, session_id, created_at) VALUES (?, ?, ?)",
                          (trace_id, "A", time.time()))
-        pending = conn.execute(f"SELECT COUNT(*) FROM {guard.PENDING_TABLE}").fetchone()[0]
     finally:
         conn.close()
     assert "A" not in gw.sessions()
     assert guard.status(db).dropped_writes == 2
     assert tombstones(db)["A"] == 2
-    assert pending == 0
+    assert {"p1", "p2"}.isdisjoint(all_trace_ids(db))
 
 
 def test_refused_trace_row_does_not_violate_the_foreign_key(gw: Gateway, db: Path) -> None:
     """RAISE(IGNORE) in a BEFORE trigger skips the junction row before SQLite checks its foreign key.
 
-    Replays the gateway's two statements on a connection with foreign_keys ON: the trace row is
-    dropped, and the INSERT OR IGNORE of its junction row (whose parent now does not exist) must not
-    raise. Without the guard the same junction insert fails with a foreign-key error.
+    Replays the gateway's two statements on a connection with foreign_keys ON: the trace row lands, the
+    INSERT OR IGNORE of its junction row is refused and takes the unshared trace row with it, and nothing
+    raises. Without the guard a junction row whose parent does not exist fails with a foreign-key error.
     """
     seed_sessions(gw)
     guard.install(db)
@@ -235,9 +237,9 @@ def test_refused_trace_row_does_not_violate_the_foreign_key(gw: Gateway, db: Pat
     conn.execute("BEGIN")
     conn.execute("INSERT OR REPLACE INTO traces (trace_id, data, created_at) VALUES (?, ?, ?)",
                  ("late", json.dumps(trace_data("late", "A")), 1.0))
-    assert conn.execute("SELECT COUNT(*) FROM traces WHERE trace_id = 'late'").fetchone() == (0,)
     conn.execute("INSERT OR IGNORE INTO trace_sessions (trace_id, session_id, created_at) VALUES (?, ?, ?)",
                  ("late", "A", 1.0))
+    assert conn.execute("SELECT COUNT(*) FROM traces WHERE trace_id = 'late'").fetchone() == (0,)
     conn.execute("COMMIT")
     with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
         conn.execute("INSERT OR IGNORE INTO trace_sessions (trace_id, session_id, created_at) "
@@ -504,10 +506,10 @@ def test_triggers_intact_detection_and_repair(gw: Gateway, db: Path) -> None:
     seed_sessions(gw)
     guard.install(db)
     conn = raw(db)
-    conn.execute("DROP TRIGGER gatewayscope_drop_trace")
+    conn.execute("DROP TRIGGER gatewayscope_count_reuse")
     status = guard.status(db)
     assert status.installed and not status.triggers_intact
-    assert status.missing == ["gatewayscope_drop_trace"]
+    assert status.missing == ["gatewayscope_count_reuse"]
     with sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True) as ro:
         stats = guard.read_guard(ro)
     assert stats is not None and stats.triggers_intact is False and stats.enabled is False
@@ -520,7 +522,7 @@ def test_triggers_intact_detection_and_repair(gw: Gateway, db: Path) -> None:
     assert status.altered == ["gatewayscope_tombstone_on_delete"]
     repaired = guard.install(db)
     assert repaired.changed and not repaired.created
-    assert repaired.repaired == ["gatewayscope_drop_trace", "gatewayscope_tombstone_on_delete"]
+    assert repaired.repaired == ["gatewayscope_count_reuse", "gatewayscope_tombstone_on_delete"]
     assert guard.status(db).triggers_intact
     gw.delete("A")
     gw.write("a3", "A")
@@ -552,21 +554,65 @@ def test_a_newer_schema_is_refused(gw: Gateway, db: Path) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def test_retry_reusing_a_deleted_uid_is_dropped_visible_and_lifted(gw: Gateway, db: Path) -> None:
-    """rLLM's retry deletes the session and reuses its uid; the SQLite store never sees POST /sessions."""
-    uid = "3f2c9a1e-0000-4000-8000-000000000000:0"
-    gw.write("r1", uid)
+def now_data(trace_id: str, session_id: str) -> dict[str, Any]:
+    """A trace of a call the gateway dispatched just now (its record's timestamp, no latency: it is built now)."""
+    return trace_data(trace_id, session_id, timestamp=time.time(), latency_ms=0.0)
+
+
+def late_data(trace_id: str, session_id: str) -> dict[str, Any]:
+    """A straggler's trace: an hour-long call dispatched before any delete these tests make, landing now."""
+    return trace_data(trace_id, session_id, timestamp=time.time(), latency_ms=3_600_000.0)
+
+
+def test_retry_reusing_a_deleted_uid_is_kept_and_the_old_attempt_straggler_still_dropped(gw: Gateway,
+                                                                                         db: Path) -> None:
+    """rLLM's retry deletes the session and reuses its uid without POST /sessions (the SQLite store never sees
+    one): its calls came after the delete, so they are kept; a straggler of the failed attempt is not."""
+    uid = "task-7:0"
+    gw.write("r1", uid, now_data("r1", uid))
     guard.install(db)
     gw.delete(uid)  # the failed attempt's cleanup
-    gw.write("retry-1", uid)  # the retry's first call: dropped
+    gw.write("retry-1", uid, now_data("retry-1", uid))  # the retry's first call: kept
+    gw.write("late", uid, late_data("late", uid))  # the failed attempt's call, still in flight: dropped
+    gw.write("retry-2", uid, now_data("retry-2", uid))
+    assert gw.trace_ids(uid) == ["retry-1", "retry-2"]
     status = guard.status(db)
     assert [(d.session_id, d.dropped) for d in status.top_droppers] == [(uid, 1)]
-    assert guard.lift_tombstone(db, uid) is True
-    gw.write("retry-2", uid)
-    assert gw.trace_ids(uid) == ["retry-2"]
-    assert guard.lift_tombstone(db, uid) is False
+    assert (status.dropped_writes, status.kept_after_fence) == (1, 2)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute(f"SELECT kept_writes FROM {guard.REUSES_TABLE} WHERE session_id = ?",
+                            (uid,)).fetchone() == (2,)
+    assert guard.lift_tombstone(db, uid) is True and guard.lift_tombstone(db, uid) is False
     after = guard.status(db)
     assert after.tombstones == 0 and after.dropped_writes == 1  # the total is history, kept
+    with sqlite3.connect(db) as conn:
+        assert conn.execute(f"SELECT COUNT(*) FROM {guard.REUSES_TABLE}").fetchone() == (0,)
+
+
+def test_each_step_reuses_the_ids_the_last_one_deleted(gw: Gateway, db: Path) -> None:
+    """rLLM's trainers name a rollout ``{task id}:{rollout}`` and sample a task again in later steps: every step
+    writes to the ids the step before deleted. Each step keeps its own traces; a straggler of an earlier step
+    that lands during the next one is dropped, and the next delete moves the fence on."""
+    guard.install(db)
+    ids = [f"task-{t}:{r}" for t in range(2) for r in range(2)]
+    for step in range(3):
+        for sid in ids:
+            for call in range(3):
+                gw.write(f"s{step}-{sid}-{call}", sid, now_data(f"s{step}-{sid}-{call}", sid))
+        if step:  # a straggler of the step before lands while the id is in use again
+            gw.write(f"late-{step}", ids[0], late_data(f"late-{step}", ids[0]))
+        assert gw.sessions() == dict.fromkeys(ids, 3)
+        assert gw.trace_ids(ids[0]) == [f"s{step}-{ids[0]}-{call}" for call in range(3)]
+        with sqlite3.connect(db) as conn:
+            fences = dict(conn.execute(f"SELECT session_id, deleted_at FROM {guard.TOMBSTONES_TABLE}"))
+        for sid in ids:
+            gw.delete(sid)
+        with sqlite3.connect(db) as conn:
+            moved = dict(conn.execute(f"SELECT session_id, deleted_at FROM {guard.TOMBSTONES_TABLE}"))
+            assert conn.execute(f"SELECT COUNT(*) FROM {guard.REUSES_TABLE}").fetchone() == (0,)
+        assert all(moved[sid] >= fences.get(sid, 0.0) for sid in ids)
+    status = guard.status(db)
+    assert (status.tombstones, status.dropped_writes, status.kept_after_fence) == (4, 2, 2 * 4 * 3)
 
 
 def test_add_tombstones_is_idempotent_and_deletes_nothing(gw: Gateway, db: Path) -> None:
@@ -576,13 +622,16 @@ def test_add_tombstones_is_idempotent_and_deletes_nothing(gw: Gateway, db: Path)
     assert guard.add_tombstones(db, ["x", "y", "x", ""]) == (2, 0)
     assert guard.add_tombstones(db, ["y", "z", "B"]) == (2, 1)
     assert gateway_state(db) == before  # backfill deleted nothing, even for B which still has rows
-    gw.write("b2", "B")  # tombstone first, then delete: a write in between is dropped
-    gw.delete("B")
-    assert "B" not in gw.sessions()
-    assert tombstones(db) == {"x": 0, "y": 0, "z": 0, "B": 1}
+    gw.write("b2", "B")  # tombstone first, then delete: a straggler in between is dropped
     with sqlite3.connect(db) as conn:
         sources = dict(conn.execute(f"SELECT session_id, source FROM {guard.TOMBSTONES_TABLE}"))
     assert sources["B"] == "backfill"
+    gw.delete("B")
+    assert "B" not in gw.sessions()
+    assert tombstones(db) == {"x": 0, "y": 0, "z": 0, "B": 1}
+    with sqlite3.connect(db) as conn:  # the delete is B's latest: it moves the fence, and says so
+        sources = dict(conn.execute(f"SELECT session_id, source FROM {guard.TOMBSTONES_TABLE}"))
+    assert sources["B"] == "delete"
 
 
 def test_add_tombstones_needs_the_guard(gw: Gateway, db: Path) -> None:
@@ -610,7 +659,7 @@ def test_the_scan_reads_the_guard_figures_and_the_tombstoned_sessions_that_still
     conn = open_store(db, readonly=True, busy_timeout=5.0)
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     with StatementWatch(conn) as watch:
-        assert guard.read_for_scan(conn, tables, busy_timeout=5.0, page_size=2, watch=watch) == (None, [])
+        assert guard.read_for_scan(conn, tables, busy_timeout=5.0, page_size=2, watch=watch) == (None, {})
     conn.close()
     guard.install(db)
     # tombstones for B and C (still in the store: a delete that has not run yet) and for sessions long gone
@@ -625,7 +674,8 @@ def test_the_scan_reads_the_guard_figures_and_the_tombstoned_sessions_that_still
     finally:
         conn.close()
     assert stats is not None and stats.tombstones == 5 and stats.triggers_intact
-    assert tombstoned == ["B", "C"], "paged two ids at a time, every page read"
+    assert sorted(tombstoned) == ["B", "C"], "paged two ids at a time, every page read"
+    assert all(not stone.reused and abs(stone.fence - time.time()) < 60 for stone in tombstoned.values())
 
 
 def test_read_guard_and_tombstoned_among_on_a_read_only_connection(gw: Gateway, db: Path) -> None:

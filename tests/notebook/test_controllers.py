@@ -150,7 +150,7 @@ def test_the_controller_reads_findings_made_once_per_snapshot_and_policy(emu: Bi
     again = scan.findings()
     assert again is not found and again.snapshot is found.snapshot and again.policy.custom_pool == 32
     assert again.counts["records_over_pool"] >= found.counts["records_over_pool"]
-    scan.deleted_ids.add("some-session:0")
+    scan.deleted_ids["some-session:0"] = 1.0
     assert scan.findings() is not again
     scan.scan()
     assert scan.findings().snapshot is scan.snapshot

@@ -139,7 +139,7 @@ class Waits:
 
 def run(plan: Plan, config: Config, journal_path: Path, **options: Any) -> tuple[ApplyReport, Waits]:
     waits = options.pop("sleep", None) or Waits()
-    deleted_ids = options.pop("deleted_ids", ())
+    deleted_ids = options.pop("deleted_ids", None)
     options.setdefault("write", True)
     report = apply_plan(plan, config, options=ApplyOptions(sleep=waits, **options), journal=Journal(journal_path),
                         deleted_ids=deleted_ids)
@@ -291,14 +291,16 @@ def test_rule2_sessions_are_reread_before_each_delete(tmp_path: Path) -> None:
     db = tmp_path / "traces.db"
     write_store(db, {"idle:0": 1, "came-back:0": 1, "revived:0": 1, "taken:0": 1, "live:0": 1, "busy:0": 3})
     age(db, ["idle:0", "revived:0", "taken:0", "busy:0"], 3 * 3600)
-    plan, config = sqlite_plan(db, deleted_ids={"came-back:0"}, include_suspected=True)
+    deleted = {"came-back:0": time.time()}  # an earlier delete, after every trace it had then
+    plan, config = sqlite_plan(db, deleted_ids=deleted, include_suspected=True)
     assert sorted(a.subject for a in plan.actions) == ["came-back:0", "idle:0", "revived:0", "taken:0"]
-    assert next(a for a in plan.actions if a.subject == "came-back:0").details["trace_ids"] is None
+    # the read named it (its traces are what the fence check needs), so the plan pins them
+    assert next(a for a in plan.actions if a.subject == "came-back:0").details["trace_ids"] == ["came-back:0/0"]
     write_store(db, {"revived:0": 1}, start=1)
     with sqlite3.connect(db) as conn:
         conn.execute("DELETE FROM trace_sessions WHERE session_id = 'taken:0'")
 
-    report, _ = run(plan, config, tmp_path / "journal.jsonl", allow_delete=True, deleted_ids={"came-back:0"})
+    report, _ = run(plan, config, tmp_path / "journal.jsonl", allow_delete=True, deleted_ids=deleted)
 
     assert outcomes(report) == {"idle:0": "done", "came-back:0": "done", "revived:0": "stale",
                                 "taken:0": "already-done"}
@@ -849,13 +851,14 @@ def test_tombstones_land_before_any_delete_and_a_failed_backfill_stops_the_delet
         age(db, ["a:0", "b:0"], 3 * 3600)
         sqlite_guard.install(db)
         # confirmed orphans (deleted before): their tombstones are recorded ahead of the deletes
-        plan, config = sqlite_plan(db, deleted_ids={"a:0", "b:0"})
+        deleted = dict.fromkeys(("a:0", "b:0"), time.time())
+        plan, config = sqlite_plan(db, deleted_ids=deleted)
         assert [a.kind for a in plan.actions] == ["tombstone_backfill", "session_delete", "session_delete"]
         if uninstall_after_plan:
             sqlite_guard.uninstall(db)
         journal = tmp_path / f"journal-{uninstall_after_plan}.jsonl"
 
-        report, _ = run(plan, config, journal, allow_delete=True, deleted_ids={"a:0", "b:0"})
+        report, _ = run(plan, config, journal, allow_delete=True, deleted_ids=deleted)
 
         events = [(e["event"], e["kind"]) for e in journal_events(journal) if e.get("kind")]
         if not uninstall_after_plan:

@@ -68,14 +68,15 @@ def bifrost_target(records: list[tuple[Any, ...]], *, client_config: dict[str, A
 
 def rllm_target(sessions: list[tuple[str, int, float]], *, tombstoned: tuple[str, ...] = (),
                 guard: GuardStats | None = None, access: str = "rest", name: str = "rl",
-                address: str = "http://127.0.0.1:9090") -> TargetSnapshot:
+                address: str = "http://127.0.0.1:9090", also: tuple[str, ...] = ()) -> TargetSnapshot:
     """``sessions``: (id, trace count, last trace time). Like the sources, candidate traces are read for
-    one-trace sessions idle past the default threshold and for tombstoned ones (one trace each here)."""
+    one-trace sessions idle past the default threshold, for tombstoned ones and for those of ``also`` (the ids
+    the findings will be given as deleted); one trace each here, dispatched a second before its time."""
     rows = [(sid, count, last - 10.0, last) for sid, count, last in sessions]
     candidates = [
-        (sid, f"{sid}/t{i}", last, None, 100, 400, "stub")
+        (sid, f"{sid}/t{i}", last, None, 100, 400, "stub", last - 1.0)
         for sid, count, last in sessions
-        if (count == 1 and NOW - last > 2 * HOUR) or sid in tombstoned
+        if (count == 1 and NOW - last > 2 * HOUR) or sid in tombstoned or sid in also
         for i in range(count)
     ]
     data = TraceStoreData(
@@ -275,9 +276,14 @@ def test_suspected_orphans_only_with_include_suspected() -> None:
 
 def test_orphans_confirmed_by_earlier_deletes() -> None:
     """An id an earlier apply deleted that came back is confirmed, even while it is too fresh to be suspected."""
-    plan = plan_of(snapshot(rllm_target([("back:0", 1, FRESH), ("live:0", 1, FRESH)])), deleted_ids={"back:0"})
+    sessions = [("back:0", 1, FRESH), ("live:0", 1, FRESH)]
+    plan = plan_of(snapshot(rllm_target(sessions, also=("back:0",))), deleted_ids={"back:0": NOW})
     assert [(a.kind, a.subject) for a in plan.actions] == [("session_delete", "back:0")]
     assert plan.actions[0].details["confidence"] == "confirmed"
+    assert plan.actions[0].details["deleted_before"] == {"deleted_at": NOW}
+    # an id used again since its delete is no orphan: its trace came after the delete
+    again = plan_of(snapshot(rllm_target(sessions, also=("back:0",))), deleted_ids={"back:0": FRESH - 60})
+    assert again.actions == []
 
 
 def test_tombstones_are_planned_before_the_deletes_on_a_guarded_store() -> None:
@@ -299,8 +305,8 @@ def test_orphans_proven_by_an_earlier_delete_are_backfilled_and_tombstoned_ones_
     """A tombstoned orphan already has what a backfill would write (the action would end 'already-done');
     an orphan confirmed by an earlier delete has no tombstone yet and gets one before its delete."""
     sessions = [("confirmed:0", 1, OLD), ("back:0", 1, FRESH)]
-    plan = plan_of(snapshot(rllm_target(sessions, tombstoned=("confirmed:0",), guard=GUARD)),
-                   deleted_ids={"back:0"})
+    plan = plan_of(snapshot(rllm_target(sessions, tombstoned=("confirmed:0",), guard=GUARD, also=("back:0",))),
+                   deleted_ids={"back:0": NOW})
     assert [(a.kind, a.subject, a.after.get("session_ids")) for a in plan.actions] == [
         ("tombstone_backfill", "tombstones", ["back:0"]),
         ("session_delete", "back:0", None), ("session_delete", "confirmed:0", None)]
@@ -486,7 +492,7 @@ def test_a_plan_from_findings_is_the_plan_from_their_snapshot() -> None:
                                                                             base_url="http://gone.invalid/v1")],
                                    client_config={}, dead_hosts=("gone.invalid",)))
     config = config_for(snap)
-    deleted = {"back:0": "/srv/journal.jsonl"}
+    deleted = {"back:0": NOW}
     found = findings(snap, config, deleted_ids=deleted)
     kwargs: dict[str, Any] = {"include_suspected": True, "include_deletes": True, "created_at": NOW}
     from_findings = build_plan(found, **kwargs)

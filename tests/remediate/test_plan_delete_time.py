@@ -23,7 +23,7 @@ NOW = 1_800_000_000.0
 def plan_warning(sessions: int, orphans: int, *, access: str = "rest", batch: bool = False) -> str:
     rows = [(f"live-{i}:0", 3, NOW - 100.0, None) for i in range(sessions - orphans)]
     rows += [(f"orphan-{i}:0", 1, NOW - 90_000.0, None) for i in range(orphans)]
-    traces = [(f"orphan-{i}:0", f"t{i}", NOW - 90_000.0, None, 10, 40, "m") for i in range(orphans)]
+    traces = [(f"orphan-{i}:0", f"t{i}", NOW - 90_000.0, None, 10, 40, "m", NOW - 90_001.0) for i in range(orphans)]
     data = TraceStoreData(sessions=frame_from_rows(rows, SESSIONS_SCHEMA),
                           candidate_traces=frame_from_rows(traces, CANDIDATE_TRACES_SCHEMA),
                           capabilities={"batch_delete": batch}, access=access)

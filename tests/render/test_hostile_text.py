@@ -74,7 +74,7 @@ def _restore_log_record_factory() -> Iterator[None]:
 
 def rllm_target() -> TargetSnapshot:
     rows = [(sid, 1, OLD - 10.0, OLD) for sid in SESSION_IDS]
-    candidates = [(sid, f"{sid}/t0", OLD, None, 100, 400, "stub") for sid in SESSION_IDS]
+    candidates = [(sid, f"{sid}/t0", OLD, None, 100, 400, "stub", OLD - 1.0) for sid in SESSION_IDS]
     data = TraceStoreData(sessions=frame_from_rows(rows, SESSIONS_SCHEMA),
                           candidate_traces=frame_from_rows(candidates, CANDIDATE_TRACES_SCHEMA),
                           tombstoned_ids=[], guard=None, capabilities={"guard": False}, access="rest")

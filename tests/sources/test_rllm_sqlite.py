@@ -20,6 +20,7 @@ from gatewayscope._sqlite.statements import StatementWatch, fetch_all, fetch_for
 from gatewayscope.analysis.orphans import find_orphans
 from gatewayscope.config import Policy, Target
 from gatewayscope.errors import StoreError
+from gatewayscope.orphan_rule import Tombstone
 from gatewayscope.snapshot import GuardStats
 from gatewayscope.sources import rllm_sqlite as source
 from gatewayscope.sources.rllm_sqlite import iter_candidate_pages, iter_session_pages, read_trace_store_sqlite
@@ -95,15 +96,18 @@ def test_the_guard_figures_come_from_the_guard_reader_the_caller_passes(tmp_path
     asked: list[tuple[bool, float, int, bool]] = []
 
     def guard_reader(conn: sqlite3.Connection, tables: set[str], *, busy_timeout: float, page_size: int,
-                     watch: StatementWatch) -> tuple[GuardStats | None, list[str]]:
+                     watch: StatementWatch) -> tuple[GuardStats | None, dict[str, Tombstone]]:
         asked.append(({"traces", "trace_sessions"} <= tables, busy_timeout, page_size, watch is not None))
-        return GuardStats(tombstones=1, capacity=10, dropped_writes=3), ["b:0"]
+        return (GuardStats(tombstones=1, capacity=10, dropped_writes=3),
+                {"b:0": Tombstone(fence=time.time()), "a:0": Tombstone(fence=1.0, reused=True)})
 
     data = read_trace_store_sqlite(target(db), Policy(), now=time.time(), page_size=50, guard_reader=guard_reader)
     assert asked == [(True, 0.2, 50, True)]
     assert data.guard is not None and data.guard.dropped_writes == 3 and data.capabilities["guard"]
-    # a tombstoned session is a candidate whatever its age and its number of traces
-    assert data.tombstoned_ids == ["b:0"] and set(data.candidate_traces["session_id"]) == {"b:0"}
+    # a tombstoned session is a candidate whatever its age and its number of traces, unless the guard saw it used
+    # again after its fence (then it is one only as any session is: here a:0 is fresh)
+    assert sorted(data.tombstoned_ids) == ["a:0", "b:0"] and set(data.candidate_traces["session_id"]) == {"b:0"}
+    assert data.reused_ids == ["a:0"] and set(data.fences) == {"a:0", "b:0"}
     plain = read_trace_store_sqlite(target(db), Policy(), now=time.time())
     assert plain.guard is None and not plain.capabilities["guard"] and plain.tombstoned_ids == []
 
