@@ -148,7 +148,8 @@ class BenchResult:
 #: the table's row order: issue 17's rows first, then the earlier benchmarks' (others after, as registered)
 TABLE_ORDER = ("sqlite-cli-scan", "sqlite-cli-scan-guarded", "exporter-guarded-10m", "memory-store-scan-guarded",
                "memory-store-scan", "exporter-unguarded-1m", "guard-chat-memory-0.1.0", "guard-chat-sqlite-0.1.0",
-               "guard-chat-memory-upstream", "guard-chat-sqlite-upstream", "cli-startup", "bifrost-scan",
+               "guard-chat-memory-upstream", "guard-chat-sqlite-upstream", "dispatch-estimate-0.1.0",
+               "dispatch-estimate-upstream", "guard-run-startup", "cli-startup", "bifrost-scan",
                "exporter-metrics-warm", "apply-pool-shrinks", "orphan-session-delete", "exporter-fleet-100",
                "sqlite-scan")
 

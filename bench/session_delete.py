@@ -70,7 +70,7 @@ def _child_plan(url: str, ids_path: str, out: str) -> dict[str, Any]:
     with open(ids_path, encoding="utf-8") as handle:
         ids = json.load(handle)
     config = _config(url)
-    snapshot = take_snapshot(config)
+    snapshot = take_snapshot(config, also_sessions=ids)
     if not snapshot.targets[0].up:
         raise BenchError(f"the scan failed: {snapshot.targets[0].error}")
     plan = build_plan(snapshot, config, only=["session_delete"], deleted_ids=ids)
@@ -173,7 +173,10 @@ def orphan_session_delete(ctx: BenchContext) -> BenchResult:
             ids_path = os.path.join(tmp, f"ids-{pair}.json")
             plan_path = os.path.join(tmp, f"plan-{pair}.json")
             with open(ids_path, "w", encoding="utf-8") as handle:
-                json.dump(ours_ids, handle)
+                # the evidence as a journal gives it: each id with the moment of its (earlier) delete, which came
+                # after its one trace was written
+                deleted_at = time.time()
+                json.dump({sid: deleted_at for sid in ours_ids}, handle)
             planned = run_child(MODULE, "plan", gateway.url, ids_path, plan_path)
             if planned["actions"] != len(ours_ids):
                 raise BenchError(f"the plan has {planned['actions']} deletes, not {len(ours_ids)}")

@@ -299,8 +299,10 @@ def alert_groups(config: MixinConfig) -> list[dict[str, Any]]:
                "0m", "info",
                "The tombstone guard of {{ $labels.target }} dropped straggling trace writes.",
                """The guard of {{ $labels.target }} dropped about {{ $value | humanize }} trace writes in the last
-               hour because their sessions had been deleted. Each would have left an orphan; nothing needs
-               repair, but the rollouts that produce stragglers are slower than their flush-and-delete.""",
+               hour because their requests reached the gateway before their sessions' latest delete (stragglers).
+               Each would have left an orphan; nothing needs repair, but the rollouts that produce stragglers are
+               slower than their flush-and-delete. A new use of a deleted id (the next step, a retry) is kept and
+               counted apart (gatewayscope_trace_store_kept_after_fence_writes_total), never dropped.""",
                TRIAGE),
     ]
     bifrost = [
@@ -801,8 +803,14 @@ def trace_store(config: MixinConfig) -> str:
     page.stat("Tombstone capacity used", "Tombstones over capacity (guards with a cap only).", "percentunit",
               [(f"gatewayscope_trace_store_tombstones{sel} / (gatewayscope_trace_store_tombstone_capacity{sel} > 0)",
                 "{{target}}")], thresholds=[(None, "green"), (0.75, "orange"), (0.9, "red")], no_value=no_guard)
-    page.timeseries("Dropped straggler writes", "Trace writes per second the guard dropped.", "wps",
+    page.timeseries("Dropped straggler writes", "Trace writes per second the guard dropped: their requests reached "
+                    "the gateway before their session's latest delete (stragglers).", "wps",
                     [(f"sum by (target) (rate(gatewayscope_trace_store_dropped_writes_total{sel}"
+                      "[$__rate_interval]))", "{{target}}")], width=8, no_value=no_guard)
+    page.timeseries("Writes kept after a fence", "Trace writes per second the guard kept for a deleted session id "
+                    "because they came after its latest delete: new uses of the id (rLLM's next step, a retry). "
+                    "Kept, never dropped.", "wps",
+                    [(f"sum by (target) (rate(gatewayscope_trace_store_kept_after_fence_writes_total{sel}"
                       "[$__rate_interval]))", "{{target}}")], width=8, no_value=no_guard)
     return page.render()
 

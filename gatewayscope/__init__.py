@@ -42,6 +42,8 @@ __all__ = [  # noqa: RUF022 (grouped by role, each group sorted)
     "apply_plan",
     "build_plan",
     "load_plan",
+    "Journal",
+    "deleted_sessions",
     # errors
     "AuthError",
     "BadResponseError",
@@ -76,6 +78,8 @@ _SOURCES: dict[str, str] = {
     "load_plan": "gatewayscope.remediate.plan",
     "ApplyReport": "gatewayscope.remediate.apply",
     "apply_plan": "gatewayscope.api",
+    "Journal": "gatewayscope.remediate.journal",
+    "deleted_sessions": "gatewayscope.remediate.journal",
     **{name: "gatewayscope.errors" for name in __all__[__all__.index("AuthError"):]},
 }
 
@@ -100,6 +104,7 @@ if TYPE_CHECKING:
         UnreachableError,
     )
     from gatewayscope.remediate.apply import ApplyReport
+    from gatewayscope.remediate.journal import Journal, deleted_sessions
     from gatewayscope.remediate.plan import Action, Plan, build_plan, load_plan
     from gatewayscope.scan import take_snapshot
     from gatewayscope.snapshot import Snapshot

@@ -423,9 +423,10 @@ def build_config(
         if max_weight_lag < 0:
             raise ConfigError("command line: --max-weight-lag: expected a whole number >= 0")
         config.policy.max_weight_lag = max_weight_lag
-    if not config.targets:
+    if not config.targets and not (isinstance(config.exporter, dict) and config.exporter.get("discovery_dir")):
         raise ConfigError(
-            "No targets: pass --config FILE with [[targets]], or --trace-store URL|PATH / --bifrost URL."
+            "No targets: pass --config FILE with [[targets]] (or an [exporter] discovery_dir where guarded "
+            "gateways announce themselves), or --trace-store URL|PATH / --bifrost URL."
         )
     return config
 

@@ -100,8 +100,8 @@ class TraceStoreData:
     #: guard's orphan index, or a SQLite file's candidates read); None when ``sessions`` lists every session
     session_total: int | None = None
     trace_total: int | None = None
-    #: with a candidates-only read: the session ids the read was asked to include beside the candidates (those
-    #: given as deleted before); the findings can confirm no other deleted id (see :func:`gatewayscope.findings`)
+    #: the session ids the read was asked to include beside the candidates, traces and all (those given as
+    #: deleted before); the findings can confirm no other deleted id (see :func:`gatewayscope.findings`)
     also_read: frozenset[str] = frozenset()
 
     @property
@@ -193,8 +193,9 @@ class Snapshot:
                     "access": data.access,
                 }
                 if data.session_total is not None:  # only for candidates reads: full listings keep their bytes
-                    entry["trace_store"].update(session_total=data.session_total, trace_total=data.trace_total,
-                                                also_read=sorted(data.also_read))
+                    entry["trace_store"].update(session_total=data.session_total, trace_total=data.trace_total)
+                if data.also_read:
+                    entry["trace_store"]["also_read"] = sorted(data.also_read)
             if snap.bifrost is not None:
                 bif = snap.bifrost
                 prefix = f"t{index}"

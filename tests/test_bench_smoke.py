@@ -44,10 +44,14 @@ EXTRAS = {
     "exporter-fleet-100": [r"targets 10 \(5 rLLM x 100 sessions, 5 Bifrost x 50 records\)",
                            r"exporter RSS \d+ MB with 10 targets, \d+ MB with 1: -?\d+ KiB per target",
                            r"warm scrape \(cached\) [\d.]+ ms, exporter CPU [\d.]+ ms per target"],
+    "dispatch-estimate-0.1.0": [r"plain p50 -?[\d.]+, p99 [\d.]+, max [\d.]+, min -?[\d.]+",
+                                r"stream p50 -?[\d.]+", r"20 plain and 20 streaming calls"],
+    "dispatch-estimate-upstream": [r"plain p50 -?[\d.]+", r"20 plain and 20 streaming calls"],
+    "guard-run-startup": [r"runs \d+ a side, medians [\d.]+ ms / [\d.]+ ms"],
     "sqlite-scan": [r"during ours \d[\d,]* ms, during bare \d[\d,]* ms", r"candidates [1-9]"],
 }
 #: benchmarks whose row has no baseline (absolute goals only)
-NO_BASELINE = {"exporter-guarded-10m"}
+NO_BASELINE = {"exporter-guarded-10m", "dispatch-estimate-0.1.0", "dispatch-estimate-upstream"}
 #: benchmarks that only report figures (no goal)
 NO_GOAL = {"exporter-fleet-100"}
 NUMBER = r"\d[\d,]*(\.\d+)?"

@@ -265,23 +265,24 @@ def _posture_rows(found: TargetFindings) -> list[dict[str, Any]]:
 
 
 def _check_index_reads(snapshot: Snapshot, deleted: Mapping[str, Any]) -> None:
-    """A store read for its candidates (from the guard's orphan index, or a SQLite file aggregated inside SQLite)
-    holds only the candidate sessions and the ones the read was asked for: a deleted id it was not asked for may
-    be back unseen, so confirming orphans needs the ids at read time. Raises GatewayscopeError saying so, rather
-    than confirm fewer orphans than there are."""
+    """A session given as deleted before is an orphan only when its traces were all dispatched before that delete,
+    so its traces must have been read: a read reads them for the ids it is asked to (``also_sessions``), beside
+    its candidates (a read from the guard's orphan index, or a SQLite file aggregated inside SQLite, does not even
+    list the other sessions). Raises GatewayscopeError saying so, rather than confirm fewer orphans than there
+    are."""
     if not deleted:
         return
     for snap in snapshot.targets:
         data = snap.trace_store
-        if data is None or data.session_total is None:
+        if data is None:
             continue
         unread = sorted(sid for sid in delete_fences(deleted, snap.name) if sid not in data.also_read)
         if unread:
             raise GatewayscopeError(
-                f"{terminal_safe(snap.name)} was read for its orphan candidates only (from its guard's orphan index, "
-                f"or aggregated inside SQLite), without {len(unread):,} of the session ids given as deleted (such as "
-                f"{terminal_safe(repr(unread[0]))}): take the snapshot with them, so their sessions are read "
-                "(take_snapshot(config, also_sessions=deleted_ids); gatewayscope plan --deleted-from does).")
+                f"{terminal_safe(snap.name)} was read without {len(unread):,} of the session ids given as deleted "
+                f"(such as {terminal_safe(repr(unread[0]))}), so when their traces were dispatched is unknown: take "
+                "the snapshot with them, so their sessions are read (take_snapshot(config, also_sessions="
+                "deleted_ids); gatewayscope plan --deleted-from does).")
 
 
 def findings(snapshot: Snapshot, config: Config, *, deleted_ids: Mapping[str, Any] | None = None) -> Findings:

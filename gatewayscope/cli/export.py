@@ -15,6 +15,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from gatewayscope._text import terminal_safe
 from gatewayscope.cli.common import add_target_arguments, config_from_args
 from gatewayscope.exporter.settings import DEFAULT_LISTEN, parse_exporter_settings, parse_listen
 
@@ -75,10 +76,11 @@ def run_export(args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     names = ", ".join(t.name for t in config.targets)
-    sys.stderr.write(
+    found = (f", and the guarded gateways announced in {settings.discovery_dir}" if settings.discovery_dir else "")
+    sys.stderr.write(terminal_safe(
         f"gatewayscope exporter serving {server.url}/metrics and {server.url}/probe?target=NAME "
-        f"for {len(config.targets)} target(s): {names}; each read at most every "
-        f"{settings.min_interval_seconds:g} s. Ctrl-C stops it.\n"
+        f"for {len(config.targets)} target(s): {names}{found}; each read at most every "
+        f"{settings.min_interval_seconds:g} s. Ctrl-C stops it.") + "\n"
     )
     sys.stderr.flush()
     try:

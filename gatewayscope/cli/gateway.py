@@ -20,12 +20,13 @@ def register(subparsers: Any) -> None:
         help="run the rLLM model gateway with the tombstone guard (drop-in for rllm-model-gateway)",
         description=(
             "Run the rLLM model gateway (rllm-model-gateway) with gatewayscope's tombstone guard: a trace "
-            "write for a deleted session is dropped instead of resurrecting it as an orphan. Same flags, "
-            "defaults, env vars and YAML config as rllm-model-gateway, plus --max-tombstones. Adds "
-            "GET /guard/status, POST /guard/tombstones, POST /guard/tombstones/check, "
-            "DELETE /guard/tombstones/{session_id} and GET /metrics. An explicit POST /sessions for a "
-            "deleted id lifts its tombstone (rLLM retries reuse their uid). Needs the gateway extra: "
-            "pip install 'gatewayscope[gateway]'."
+            "write whose request reached the gateway before its session's latest delete (a straggler) is "
+            "dropped instead of resurrecting the session as an orphan; a write that came after it (the next "
+            "step's or a retry's use of the id) is kept. Same flags, defaults, env vars and YAML config as "
+            "rllm-model-gateway, plus --max-tombstones and --discovery-dir. Adds GET /guard/status, "
+            "POST /guard/tombstones, POST /guard/tombstones/check, DELETE /guard/tombstones/{session_id} and "
+            "GET /metrics. For a gateway a trainer starts itself, use 'gatewayscope guard run'. Needs the "
+            "gateway extra: pip install 'gatewayscope[gateway]'."
         ),
     )
     guarded_gateway.add_arguments(parser)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 import time
@@ -24,8 +25,9 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 _RETRY_HINT = (
-    "A live session listed here (an rLLM retry that reuses a deleted uid: the SQLite store never sees its "
-    "POST /sessions) is let through again with: gatewayscope guard lift {target} SESSION_ID"
+    "Writes are dropped only when their request reached the gateway before the session's latest delete; a new "
+    "use of a deleted id (rLLM's next step, a retry) is kept. To lift a tombstone by hand: gatewayscope guard "
+    "lift {target} SESSION_ID"
 )
 
 
@@ -91,6 +93,11 @@ def register(subparsers: Any) -> None:
                               "a first install, else unchanged; 0 = unlimited)")
     install.add_argument("--busy-timeout", type=_positive_float, default=sqlite_guard.DEFAULT_BUSY_TIMEOUT,
                          metavar="SECONDS", help="wait this long for the gateway's write lock (default 10)")
+    install.add_argument("--full-check", action="store_true",
+                         help="check the whole file before writing, however long that holds up the gateway's "
+                              "writes (a store in DELETE journal mode too large to check within "
+                              f"{sqlite_guard.CHECK_HOLD_SECONDS:g} s otherwise gets its schema and the guard's "
+                              "tables checked); for a stopped gateway")
     install.set_defaults(func=run_install)
 
     status = actions.add_parser(
@@ -128,12 +135,11 @@ def register(subparsers: Any) -> None:
 
     lift = actions.add_parser(
         "lift",
-        help="lift one session's tombstone so its writes land again (an rLLM retry reusing a deleted uid)",
+        help="lift one session's tombstone: even its stragglers land again",
         description=(
-            "Lift the tombstone of one session so its trace writes land again. The remedy when a rollout "
-            "retry reuses a deleted uid: the guarded memory gateway lifts the tombstone itself on an "
-            "explicit POST /sessions, but the SQLite store never sees that call, so its retries are "
-            "dropped until lifted ('guard status' lists them)."
+            "Lift the tombstone of one session, forgetting its fence: even a straggler from before its latest "
+            "delete lands again. Not needed for a new use of a deleted id (rLLM's next step, a retry): its "
+            "writes came after the delete and are kept anyway."
         ),
     )
     lift.add_argument("target", metavar="PATH|URL",
@@ -164,6 +170,73 @@ def register(subparsers: Any) -> None:
                           metavar="SECONDS", help="busy timeout (SQLite) or request timeout (URL); default 10")
     backfill.set_defaults(func=run_backfill)
 
+    runner = actions.add_parser(
+        "run",
+        help="run a program (an rLLM trainer) so that every rLLM gateway it starts gets the guard",
+        description=(
+            "Run COMMAND so that every rLLM model gateway app built in it or in the Python processes it starts "
+            "gets the tombstone guard: the gateway rLLM's GatewayManager starts as a subprocess (python -m "
+            "rllm_model_gateway) and the one it serves on a thread of the trainer alike. Nothing in COMMAND "
+            "changes; a gateway the guard does not know runs unguarded and says so once in its log. With "
+            "--discovery-dir each guarded gateway announces itself there while it serves (Prometheus file_sd "
+            "JSON), for the exporter's discovery_dir and for Prometheus. Exit status: COMMAND's."
+        ),
+        epilog=("Example:\n  gatewayscope guard run --discovery-dir /run/gatewayscope -- "
+                "python -m rllm.trainer.verl.train_agent_ppo ..."),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    runner.add_argument("--max-tombstones", type=_non_negative_int, default=None, metavar="N",
+                     help="most deleted session ids each gateway's guard remembers (default 1,000,000; 0 disables "
+                          "the guard)")
+    runner.add_argument("--discovery-dir", metavar="DIR",
+                     help="where each guarded gateway announces itself while it serves")
+    runner.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                     help="the program to run, after --")
+    runner.set_defaults(func=run_command)
+
+
+def guard_run_environment(environ: dict[str, str], *, max_tombstones: int | None,
+                          discovery_dir: str | None) -> dict[str, str]:
+    """The environment ``guard run`` gives its command: the attach hook's directory first on ``PYTHONPATH`` and
+    the guard's options (see :mod:`gatewayscope.guard.attach`)."""
+    from pathlib import Path
+
+    from gatewayscope.guard import attach
+
+    hook = str(Path(sqlite_guard.__file__).resolve().parent / "_autoattach")
+    env = dict(environ)
+    rest = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != hook]
+    env["PYTHONPATH"] = os.pathsep.join([hook, *rest])
+    env[attach.ENABLE_ENV] = "1"
+    if max_tombstones is not None:
+        env[attach.MAX_TOMBSTONES_ENV] = str(max_tombstones)
+    if discovery_dir:
+        env[attach.DISCOVERY_DIR_ENV] = os.path.abspath(os.path.expanduser(discovery_dir))
+    return env
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``guard run -- COMMAND``: exec COMMAND with the attach hook (this process becomes COMMAND)."""
+    import shutil
+
+    from gatewayscope.errors import ConfigError
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ConfigError("guard run: give the program to run after --, e.g. gatewayscope guard run -- python "
+                          "train.py")
+    program = shutil.which(command[0])
+    if program is None:
+        raise ConfigError(terminal_safe(f"guard run: {command[0]!r} is not a program on PATH (or not executable)."))
+    env = guard_run_environment(dict(os.environ), max_tombstones=args.max_tombstones,
+                                discovery_dir=args.discovery_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(program, command, env)
+    return EXIT_FAILED  # not reached: exec replaces this process
+
 
 def _no_action(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
@@ -184,7 +257,7 @@ def run_install(args: argparse.Namespace) -> int:
             bar.update(done - bar.n)
 
         result = sqlite_guard.install(args.path, capacity=args.capacity, busy_timeout=args.busy_timeout,
-                                      progress=progress)
+                                      progress=progress, full_check=args.full_check)
     print(result.message)
     return EXIT_OK
 
@@ -279,7 +352,9 @@ def format_status(status: sqlite_guard.GuardStatus) -> str:
     lines.append(f"  tombstones      {status.tombstones:,} / {_capacity(status.capacity)}"
                  f"{' (FIFO: the oldest are evicted first)' if status.capacity else ''}")
     sessions = "session" if status.sessions_with_drops == 1 else "sessions"
-    lines.append(f"  dropped writes  {status.dropped_writes:,} (from {status.sessions_with_drops:,} {sessions})")
+    lines.append(f"  dropped writes  {status.dropped_writes:,} (from {status.sessions_with_drops:,} {sessions}; "
+                 "stragglers: sent before their session's latest delete)")
+    lines.append(f"  kept after a fence  {status.kept_after_fence:,} (new uses of deleted ids: sent after the delete)")
     lines.append(f"  evicted         {status.evicted:,}")
     lines.append(f"  journal mode    {status.journal_mode}")
     lines.append(f"  orphan index    {_INDEX_STATES.get(status.index, status.index).format(target=status.path)}")
@@ -316,7 +391,8 @@ def format_remote_status(url: str, body: dict[str, Any]) -> str:
     lines = [f"Tombstone guard of {url}: {'enabled' if body.get('enabled') else 'DISABLED (--max-tombstones 0)'}",
              f"  tombstones      {_count(body.get('tombstones')):,} / "
              f"{_capacity(capacity) if capacity else 'disabled'}",
-             f"  dropped writes  {_count(body.get('dropped_writes')):,}",
+             f"  dropped writes  {_count(body.get('dropped_writes')):,} (stragglers)",
+             f"  kept after a fence  {_count(body.get('kept_after_fence')):,} (new uses of deleted ids)",
              f"  evicted         {_count(body.get('evicted')):,}"]
     droppers = [d for d in body.get("top_droppers") or [] if isinstance(d, dict)]
     if droppers:

@@ -260,6 +260,12 @@ class TargetCache:
                 out[name]["store_reads"] = counts
         return out
 
+    def forget(self, names: set[str]) -> None:
+        """Drop the slots of targets that are gone (discovered gateways whose process ended)."""
+        with self._lock:
+            for name in names:
+                self._slots.pop(name, None)
+
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no read is running (tests and orderly shutdown). True when idle in time."""
         deadline = self.clock() + timeout

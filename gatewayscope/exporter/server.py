@@ -62,6 +62,10 @@ LISTEN_BACKLOG = max(128, socket.SOMAXCONN)
 MAX_HANDLER_THREADS = 32
 #: accepted connections waiting for a worker; beyond it the accept loop waits and the backlog fills
 MAX_QUEUED_CONNECTIONS = 1024
+#: how often the discovery directory is looked at, at most (a scrape between two looks reuses the last)
+DISCOVERY_INTERVAL_SECONDS = 1.0
+#: each request to a discovered gateway may take this long in all (its config names no timeout)
+DISCOVERED_TIMEOUT_SECONDS = 10.0
 
 
 def render(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
@@ -106,13 +110,40 @@ class Exporter:
                                  full_read_interval_seconds=settings.full_read_interval_seconds)
         #: the findings of each target's last read, so a scrape served from the cache does not analyse again
         self.findings = FindingsCache()
+        self._discovered: list[Target] = []
+        self._discovered_at: float | None = None
+        self._discovery_lock = threading.Lock()
 
     @property
     def targets(self) -> list[Target]:
-        return list(self.config.targets)
+        """The configured targets, then the guarded gateways announced in ``discovery_dir`` whose process runs
+        (looked up at most once a second; a name a configured target has is left to it)."""
+        return [*self.config.targets, *self.discovered()]
+
+    def discovered(self) -> list[Target]:
+        """The targets the discovery directory holds now (see :mod:`gatewayscope.guard.discovery`)."""
+        directory = self.settings.discovery_dir
+        if not directory:
+            return []
+        with self._discovery_lock:
+            now = self.cache.clock()
+            if self._discovered_at is None or now - self._discovered_at >= DISCOVERY_INTERVAL_SECONDS:
+                from gatewayscope.guard.discovery import discover
+
+                named = {t.name for t in self.config.targets}
+                before = {t.name for t in self._discovered}
+                self._discovered = [
+                    Target(name=entry.name, kind="rllm", url=entry.url, timeout_seconds=DISCOVERED_TIMEOUT_SECONDS)
+                    for entry in discover(directory) if entry.name not in named]
+                self._discovered_at = now
+                gone = before - {t.name for t in self._discovered}
+                if gone:
+                    self.cache.forget(gone)
+                    log.info("discovery: %s gone", ", ".join(sorted(gone)))
+            return list(self._discovered)
 
     def find_target(self, name: str) -> Target | None:
-        return next((t for t in self.config.targets if t.name == name), None)
+        return next((t for t in self.targets if t.name == name), None)
 
     def _targets_collector(self, results: Sequence[TargetResult]) -> TargetsCollector:
         return TargetsCollector(results, self.config.policy, max_record_series=self.settings.max_record_series,
@@ -120,7 +151,7 @@ class Exporter:
 
     def metrics_registry(self, budget: float) -> CollectorRegistry:
         """``/metrics``: the exporter's own metrics and every target's, reads bounded by ``budget`` seconds."""
-        results = self.cache.fetch(self.config.targets, budget)
+        results = self.cache.fetch(self.targets, budget)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(ExporterCollector(self.cache.counters))
         registry.register(self._targets_collector(results))
@@ -148,7 +179,7 @@ class Exporter:
         state = self.cache.counters()
         now = self.cache.clock()
         rows = []
-        for target in self.config.targets:
+        for target in self.targets:
             entry = state.get(target.name, {})
             last = entry.get("last")
             if last is None:

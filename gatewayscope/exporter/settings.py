@@ -53,6 +53,7 @@ EXPORTER_KEYS = (
     "basic_auth_username",
     "basic_auth_password_env",
     "basic_auth_password_file",
+    "discovery_dir",
 )
 
 
@@ -71,6 +72,9 @@ class ExporterSettings:
     basic_auth_username: str | None = None
     basic_auth_password_env: str | None = None
     basic_auth_password_file: str | None = None
+    #: a directory where guarded gateways announce themselves (``gatewayscope guard run --discovery-dir``): each
+    #: becomes an rLLM target while its process runs
+    discovery_dir: str | None = None
 
     @property
     def tls(self) -> bool:
@@ -203,13 +207,13 @@ basic_auth_password_env or basic_auth_password_file)
             values["max_record_series"] = value
 
     for key in ("tls_cert_file", "tls_key_file", "basic_auth_username", "basic_auth_password_env",
-                "basic_auth_password_file"):
+                "basic_auth_password_file", "discovery_dir"):
         if key in raw:
             value = raw[key]
             if not isinstance(value, str) or not value:
                 add(key, f"expected a non-empty string, got {value!r}")
             else:
-                values[key] = os.path.expanduser(value) if key.endswith("_file") else value
+                values[key] = os.path.expanduser(value) if key.endswith(("_file", "_dir")) else value
 
     cert, key_file = values.get("tls_cert_file"), values.get("tls_key_file")
     if ("tls_cert_file" in raw) != ("tls_key_file" in raw):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import contextlib
 import inspect
 import json
 import logging
@@ -63,8 +64,9 @@ INSTALL_HINT = "install it with: pip install 'gatewayscope[gateway]'"
 #: metric name -> HELP; the names are a public contract (dashboards and alerts use them)
 METRIC_HELP = {
     "gatewayscope_guard_tombstones": (
-        "Deleted session ids the guard remembers right now; a trace write for one of them is dropped "
-        "instead of re-creating the session as an orphan."
+        "Deleted session ids the guard remembers right now, each with the moment of its latest delete; a trace "
+        "write for one of them whose request reached the gateway before that moment is dropped instead of "
+        "re-creating the session as an orphan."
     ),
     "gatewayscope_guard_tombstone_capacity": (
         "Most tombstones the guard keeps (--max-tombstones); beyond it the oldest is evicted. "
@@ -119,6 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=(f"most deleted session ids the guard remembers, oldest evicted first "
               f"(default: {DEFAULT_MAX_TOMBSTONES:,}); 0 disables the guard (rLLM's own behaviour)"),
     )
+    parser.add_argument(
+        "--discovery-dir", metavar="DIR", default=None,
+        help="announce this gateway in DIR while it serves (a Prometheus file_sd JSON file), so an exporter "
+             "with discovery_dir = DIR finds it")
 
 
 def build_parser(prog: str = "python -m gatewayscope.guard.gateway") -> argparse.ArgumentParser:
@@ -502,33 +508,81 @@ def build_app(
     max_tombstones: int = DEFAULT_MAX_TOMBSTONES,
     top_droppers: int = DEFAULT_TOP_DROPPERS,
     store: Any = None,
+    discovery_dir: str | None = None,
 ) -> FastAPI:
     """rLLM's own gateway app (``create_app``) around a guarded store, plus the guard's routes.
 
     ``config`` is rLLM's ``GatewayConfig`` (its defaults when None); ``store`` the inner store (rLLM's
-    ``create_store(config)`` when None). The guard is ``app.state.guard``.
+    ``create_store(config)`` when None). The guard is ``app.state.guard``. With ``discovery_dir`` the gateway
+    announces itself there while it serves (:mod:`gatewayscope.guard.discovery`).
     """
     require_gateway()
+    import rllm_model_gateway.server as server
+
+    config, guard = guarded_store(config, store, max_tombstones=max_tombstones, top_droppers=top_droppers)
+    # rLLM's own create_app, also where gatewayscope.guard.attach replaced it in this process
+    create_app = getattr(server.create_app, "__gatewayscope_unguarded__", server.create_app)
+    app = create_app(config, store=guard)
+    guard_app(app, guard, announce_to=discovery_dir, config=config)
+    return app
+
+
+def guarded_store(config: Any, store: Any = None, *, max_tombstones: int = DEFAULT_MAX_TOMBSTONES,
+                  top_droppers: int = DEFAULT_TOP_DROPPERS) -> tuple[Any, GuardedTraceStore]:
+    """(config, guard): rLLM's ``GatewayConfig`` (its defaults when None) and the guard around ``store`` (the
+    store rLLM's ``create_store(config)`` makes when None). GatewayscopeError for a store without the 0.1.0
+    ``TraceStore`` API."""
+    require_gateway()
     from rllm_model_gateway.models import GatewayConfig
-    from rllm_model_gateway.server import create_app, create_store
+    from rllm_model_gateway.server import create_store
 
     if config is None:
         config = GatewayConfig()
     inner = store if store is not None else create_store(config)
     _check_store_protocol(inner)
     # the orphan index is exact only from an empty store's first write: rLLM's memory store, made here
-    index = store is None and config.store_worker == "memory"
-    guard = GuardedTraceStore(inner, max_tombstones=max_tombstones, top_droppers=top_droppers, index=index)
-    app = create_app(config, store=guard)
-    guard_app(app, guard)
-    return app
+    index = store is None and getattr(config, "store_worker", None) == "memory"
+    return config, GuardedTraceStore(inner, max_tombstones=max_tombstones, top_droppers=top_droppers, index=index)
 
 
-def guard_app(app: Any, guard: GuardedTraceStore) -> None:
-    """Give a gateway app built around ``guard`` the request stamps and the guard's routes (``app.state.guard``)."""
+def guard_app(app: Any, guard: GuardedTraceStore, *, announce_to: str | None = None, config: Any = None) -> None:
+    """Give a gateway app built around ``guard`` the request stamps and the guard's routes (``app.state.guard``);
+    with ``announce_to``, an announcement in that directory while the app serves (its lifespan), for the
+    gateway on ``config``'s host and port."""
     app.add_middleware(ArrivalStamp)  # added last: the outermost, so the stamp is taken before anything else runs
     add_guard_routes(app, guard)
     app.state.guard = guard
+    if announce_to:
+        _announce_while_serving(app, announce_to, config)
+
+
+def _announce_while_serving(app: Any, directory: str, config: Any) -> None:
+    from gatewayscope.guard import discovery
+
+    port = getattr(config, "port", None)
+    if not isinstance(port, int) or port <= 0:
+        logger.warning("gatewayscope guard: the gateway's port is not known before it starts (%r); it is not "
+                       "announced in %s", port, directory)
+        return
+    original = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(served: Any) -> Any:
+        path = None
+        try:
+            path = discovery.announce(directory, host=str(getattr(config, "host", "") or ""), port=port,
+                                      store=str(getattr(config, "store_worker", "") or ""),
+                                      db_path=getattr(config, "db_path", None))
+        except OSError as err:
+            logger.warning("gatewayscope guard: cannot announce the gateway in %s (%s)", directory, err)
+        try:
+            async with original(served) as state:
+                yield state
+        finally:
+            if path is not None:
+                discovery.withdraw(path)
+
+    app.router.lifespan_context = lifespan
 
 
 # ------------------------------------------------------------------------------------------------
@@ -540,7 +594,7 @@ def serve(args: argparse.Namespace) -> int:
     """Build the guarded gateway from parsed flags and serve it until interrupted (like rLLM's main)."""
     config = load_config(args)
     logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.INFO))
-    app = build_app(config, max_tombstones=args.max_tombstones)
+    app = build_app(config, max_tombstones=args.max_tombstones, discovery_dir=getattr(args, "discovery_dir", None))
     if args.max_tombstones == 0:
         logger.warning("gatewayscope tombstone guard DISABLED (--max-tombstones 0): a trace write after a "
                        "session's delete re-creates the session, as in rllm-model-gateway.")

@@ -81,7 +81,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gatewayscope._sqlite.locking import Transaction, Writer, WriterProbe, open_descriptors, retry_while_locked
+from gatewayscope._sqlite.locking import (
+    Transaction,
+    Writer,
+    is_busy,
+    open_descriptors,
+    retry_while_locked,
+    yield_seconds,
+)
 from gatewayscope._sqlite.open import open_store, store_error
 from gatewayscope._sqlite.schema import FIRST_SESSION_PAGE_SQL, SESSION_PAGE_SQL, check_trace_store
 from gatewayscope._sqlite.statements import StatementWatch, fetch_all
@@ -327,6 +334,8 @@ class InstallResult:
     evicted: int = 0  # tombstones evicted now because the capacity went down
     tombstones: int = 0
     indexed_sessions: int | None = None  # set when the orphan index was (re)built now: the sessions it holds
+    #: what the integrity check before the writes covered ("full", or "schema": see check_integrity)
+    checked: str | None = None
 
     @property
     def message(self) -> str:
@@ -339,7 +348,8 @@ class InstallResult:
                  f" Built its orphan index of {self.indexed_sessions:,} sessions: scans read only the candidates.")
         if self.created:
             return (f"Installed the tombstone guard into {self.path} (capacity {cap}): the gateway now drops "
-                    f"trace writes for deleted sessions instead of resurrecting them.{index}")
+                    f"the trace writes of calls sent before their session's delete instead of resurrecting it, "
+                    f"and keeps every later use of the id.{index}{self._checked}")
         parts = []
         if self.repaired:
             parts.append(f"recreated {', '.join(self.repaired)}")
@@ -350,7 +360,14 @@ class InstallResult:
             parts.append(text)
         if not parts:
             parts.append("completed the orphan index")
-        return f"Updated the tombstone guard in {self.path}: {'; '.join(parts)}.{index}"
+        return f"Updated the tombstone guard in {self.path}: {'; '.join(parts)}.{index}{self._checked}"
+
+    @property
+    def _checked(self) -> str:
+        if self.checked != "schema":
+            return ""
+        return (" The file is too large to check whole without holding up the gateway's writes: its schema and the "
+                "guard's tables were checked (stop the gateway and run with --full-check for the whole file).")
 
 
 @dataclass
@@ -514,60 +531,118 @@ def _validate_capacity(capacity: int | None) -> None:
 
 # -- install / uninstall ---------------------------------------------------------------------------
 
-#: VM steps between two looks at the writer probe during the integrity check
+#: the longest the integrity check holds the read lock of a store in a rollback-journal mode (0.1.0's DELETE mode),
+#: where every gateway commit waits for it: the gateway's writer waits 20 s before it fails, so a quarter of that
+CHECK_HOLD_SECONDS = 5.0
+#: VM steps between two looks at the clock during the integrity check
 _CHECK_STEPS = 20_000
 
 
-def check_integrity(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
-    """Raise StoreError unless ``PRAGMA quick_check`` finds the file sound: nothing is written into a damaged one.
+@dataclass
+class IntegrityResult:
+    """What :func:`check_integrity` checked: ``"full"`` (``PRAGMA quick_check`` of the whole file) or
+    ``"schema"`` (the whole file would have held the gateway's writes too long: the schema and the guard's own
+    tables were checked, the tables the install writes)."""
 
-    The check is a read. On a DELETE-journal store a reader holds up the gateway's commits, so the check
-    stops whenever the gateway's writer is seen waiting and starts again after that commit; when it cannot
-    finish within ``busy_timeout`` seconds of such restarts it gives up with a StoreError saying so.
-    """
-    name = str(path)
-    before = open_descriptors()
-    conn = open_store(name, readonly=True, busy_timeout=busy_timeout, wording="guard")
+    scope: str
+    seconds: float
+
+
+def _quick_check(conn: sqlite3.Connection, *, table: str | None = None) -> list[str]:
+    """The problems ``PRAGMA quick_check`` reports (of one table and its indexes with ``table``), none when sound."""
+    sql = f"PRAGMA quick_check('{table}')" if table is not None else "PRAGMA quick_check(10)"
+    return [str(row[0]) for row in conn.execute(sql).fetchall() if row and row[0] != "ok"]
+
+
+def _begin_read(conn: sqlite3.Connection, busy_timeout: float) -> None:
+    """Open a read transaction on ``conn`` (autocommit otherwise) and take its read lock, polling up to
+    ``busy_timeout`` seconds for it."""
+    conn.execute("BEGIN")
     try:
         retry_while_locked(lambda: conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall(), busy_timeout)
-        probe = WriterProbe.for_new_descriptor(name, before)
-        conn.set_progress_handler(lambda: 1 if probe.writer_waiting() else 0, _CHECK_STEPS)
-        deadline = time.monotonic() + busy_timeout
-        while True:  # bounded by the deadline
-            try:
-                rows = retry_while_locked(lambda: conn.execute("PRAGMA quick_check(10)").fetchall(), busy_timeout)
-                break
-            except sqlite3.OperationalError as err:
-                if "interrupt" not in str(err):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise StoreError(f"{name}: the integrity check could not finish while the gateway kept writing "
-                                     f"(it gave way to the gateway's commits for {busy_timeout:g} s); nothing was "
-                                     "written. Try again when the gateway is quieter, or with a longer "
-                                     "--busy-timeout.") from None
-                time.sleep(0.05)  # the waiting commit goes through
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def check_integrity(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+                    hold_seconds: float = CHECK_HOLD_SECONDS, full: bool = False) -> IntegrityResult:
+    """Raise StoreError unless ``PRAGMA quick_check`` finds the file sound: nothing is written into a damaged one.
+
+    The check is a read, made without costing the gateway a write:
+
+    * in WAL mode (upstream main) it reads one snapshot of the file: the gateway's writer never waits for a
+      reader, so the whole file is checked however large it is and however busy the gateway;
+    * in a rollback-journal mode (0.1.0's DELETE) a reader holds up every commit, so the whole file is checked
+      only while that stays within ``hold_seconds`` (the gateway's writer waits 20 s before it gives up); a
+      file too large for that gets its schema and the guard's own tables checked instead (scope ``"schema"``:
+      the tables the install writes), each in a read of its own; ``full`` checks the whole file however long
+      it takes (for a stopped gateway).
+
+    A store another process keeps locked for ``busy_timeout`` seconds is busy, never damaged: StoreError says
+    to try again.
+    """
+    name = str(path)
+    started = time.monotonic()
+    scope = "full"
+    conn = open_store(name, readonly=True, busy_timeout=0, wording="guard")
+    try:
+        (mode,) = retry_while_locked(lambda: conn.execute("PRAGMA journal_mode").fetchone(), busy_timeout)
+        bounded = str(mode).lower() != "wal" and not full
+        _begin_read(conn, busy_timeout)
+        held_from = time.monotonic()
+        if bounded:
+            conn.set_progress_handler(lambda: 1 if time.monotonic() - held_from > hold_seconds else 0, _CHECK_STEPS)
+        try:
+            problems = _quick_check(conn)
+        except sqlite3.OperationalError as err:
+            if "interrupt" not in str(err):
+                raise
+            conn.execute("ROLLBACK")  # the gateway's waiting commits go through
+            scope, problems = "schema", []
+            tables = ["sqlite_master", *(t for t in _TABLES if _has_table(conn, t))]
+            for table in tables:  # bounded: one table each
+                time.sleep(yield_seconds(hold_seconds))
+                _begin_read(conn, busy_timeout)
+                held_from = time.monotonic()
+                problems += _quick_check(conn, table=table)
+                conn.execute("ROLLBACK")
+        finally:
+            conn.set_progress_handler(None, 0)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+    except sqlite3.OperationalError as err:
+        if is_busy(err):
+            raise StoreError(f"{name} stayed locked by another process for {busy_timeout:g} s, so its integrity "
+                             "could not be checked; nothing was written. It is busy, not damaged: try again, or "
+                             "with a longer --busy-timeout.") from None
+        if "interrupt" in str(err):  # a single table of the schema-scope check held the lock too long
+            raise StoreError(f"{name}: the integrity check could not finish without holding up the gateway's "
+                             f"writes longer than {hold_seconds:g} s; nothing was written. Stop the gateway and "
+                             "install with --full-check.") from None
+        problems = [str(err)]
     except sqlite3.DatabaseError as err:
         if "not a database" in str(err):  # not damaged: some other file
             raise store_error(name, err, wording="guard", busy_timeout=busy_timeout) from None
         problems = [str(err)]
-    else:
-        problems = [str(row[0]) for row in rows if row and row[0] != "ok"]
     finally:
         conn.close()
     if problems:
         raise StoreError(f"{name} is damaged (PRAGMA quick_check: {problems[0]}); nothing was written into it. "
                          "Restore it from a backup or recover it with sqlite3's .recover, then install again.")
+    return IntegrityResult(scope=scope, seconds=time.monotonic() - started)
 
 
 def install(path: str | Path, *, capacity: int | None = None, busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
-            progress: Callable[[int, int], None] | None = None) -> InstallResult:
+            progress: Callable[[int, int], None] | None = None, full_check: bool = False) -> InstallResult:
     """Install the tombstone guard into the gateway's SQLite file at ``path``.
 
     Idempotent: when the guard is already there with every object intact and the same capacity, nothing
-    is written and ``InstallResult.changed`` is False. A file that fails ``PRAGMA quick_check`` is refused
-    before anything is written (:func:`check_integrity`). Missing or altered guard objects are recreated
-    (repair); existing tombstones and counters are kept. ``capacity`` is the FIFO cap of the tombstone
-    table (0 = unlimited); ``None`` keeps the installed capacity, or uses 1,000,000 on a first install.
+    is written (nor checked) and ``InstallResult.changed`` is False. Otherwise a file that fails ``PRAGMA
+    quick_check`` is refused before anything is written (:func:`check_integrity`; ``full_check`` checks a
+    rollback-journal store whole however long that holds up the gateway's writes). Missing or altered guard
+    objects are recreated (repair); existing tombstones and counters are kept. ``capacity`` is the FIFO cap
+    of the tombstone table (0 = unlimited); ``None`` keeps the installed capacity, or uses 1,000,000 on a first install.
     Lowering it evicts the oldest tombstones now (counted as evictions).
 
     The orphan index (``gatewayscope_sessions``, kept by triggers from then on) is filled from the existing rows
@@ -585,20 +660,46 @@ def install(path: str | Path, *, capacity: int | None = None, busy_timeout: floa
     """
     _validate_capacity(capacity)
     name = str(path)
-    if Path(path).expanduser().is_file():
-        check_integrity(path, busy_timeout=busy_timeout)
+    with _connection(path, readonly=True, busy_timeout=busy_timeout) as conn:
+        unchanged = _up_to_date(conn, name, capacity)
+    if unchanged is not None:  # nothing to write: nothing to check either
+        return unchanged
+    checked = check_integrity(path, busy_timeout=busy_timeout, full=full_check)
     with _writing(path, busy_timeout=busy_timeout) as (conn, writer):
         with writer.transaction() as txn:
             result = _install_objects(conn, txn, name, capacity)
         if result.indexed_sessions is not None:
             result.indexed_sessions = _fill_index(conn, writer, progress=progress)
+    result.checked = checked.scope if result.changed else None
     return result
+
+
+def _up_to_date(conn: sqlite3.Connection, name: str, capacity: int | None) -> InstallResult | None:
+    """The "nothing changed" result when the guard is installed exactly as asked (a read), else None."""
+    _check_trace_store(conn, name)
+    present = _objects(conn)
+    meta = _meta(conn) if META_TABLE in present else {}
+    if _as_int(meta.get("schema_version"), 0) != SCHEMA_VERSION or _legacy_objects(conn):
+        return None
+    missing, altered = _integrity(conn)
+    index_missing, index_altered = _integrity(conn, index=True)
+    previous = _as_int(meta.get("capacity"), DEFAULT_CAPACITY) if "capacity" in meta else None
+    wanted = capacity if capacity is not None else (previous if previous is not None else DEFAULT_CAPACITY)
+    keys_missing = [key for key in ("schema_version", "installed_at", "capacity", *_COUNTER_KEYS) if key not in meta]
+    if missing or altered or index_missing or index_altered or keys_missing or previous != wanted \
+            or meta.get("index_ready") != 1:
+        return None
+    return InstallResult(path=name, changed=False, created=False, capacity=wanted,
+                         tombstones=_as_int(meta.get("tombstones")))
 
 
 def _install_objects(conn: sqlite3.Connection, txn: Transaction, name: str, capacity: int | None) -> InstallResult:
     """Create or repair the guard's objects in one transaction; ``indexed_sessions`` is 0 when the orphan
     index must be filled next (its fill marked not ready), None when it is ready."""
-    _check_trace_store(conn, name)
+    unchanged = _up_to_date(conn, name, capacity)
+    if unchanged is not None:  # installed meanwhile by another install, exactly as asked
+        txn.rollback_only()
+        return unchanged
     present = _objects(conn)
     meta = _meta(conn) if META_TABLE in present else {}
     installed_version = _as_int(meta.get("schema_version"), 0)
@@ -615,11 +716,6 @@ def _install_objects(conn: sqlite3.Connection, txn: Transaction, name: str, capa
     wanted = capacity if capacity is not None else fallback
     keys_missing = [key for key in ("schema_version", "installed_at", "capacity", *_COUNTER_KEYS)
                     if key not in meta]
-    if not missing and not altered and not keys_missing and previous == wanted and not refill and not legacy:
-        tombstones = _as_int(meta.get("tombstones"))
-        txn.rollback_only()
-        return InstallResult(path=name, changed=False, created=False, capacity=wanted,
-                             tombstones=tombstones)
     missing += index_missing
     altered += index_altered
 

@@ -23,7 +23,9 @@ the only leak; ``drain_before_delete=False`` drops that wait.
 has exactly one trace, like an orphan, but is not one).
 
 :func:`run_rollouts` (sync) and :func:`run_rollouts_async` return a :class:`RolloutRun`;
-:func:`retry_rollout` replays rLLM's retry, which deletes a session and reuses its uid.
+:func:`retry_rollout` replays rLLM's retry, which deletes a session and reuses its uid; :func:`trainer_steps`
+replays the steps of a trainer that samples the same tasks again (the same uids every step, each step ending
+with a batch delete), optionally with a straggler of one step landing during the next.
 ``python -m gatewayscope.sandbox.rollouts --gateway URL --rollouts 30 --stragglers 10`` prints a JSON
 summary.
 """
@@ -203,6 +205,8 @@ class RolloutRun:
     deleted_counts: dict[str, int] = field(default_factory=dict)
     #: epoch seconds when each delete had been answered
     deleted_at: dict[str, float] = field(default_factory=dict)
+    #: epoch seconds when each delete was sent (at or before the gateway's delete: the fence it set)
+    delete_sent_at: dict[str, float] = field(default_factory=dict)
     #: ``usage.prompt_tokens`` of each straggler's late call
     straggler_prompt_tokens: dict[str, int] = field(default_factory=dict)
     #: stragglers whose late call was already answered when the delete returned (no race happened)
@@ -219,6 +223,12 @@ class RolloutRun:
     calls: int = 0
     started_at: float = 0.0
     finished_at: float = 0.0
+
+    @property
+    def deletes(self) -> dict[str, float]:
+        """The run's deletes as evidence that its sessions were deleted before (``deleted_ids=``): each uid with
+        the moment its delete was sent."""
+        return dict(self.delete_sent_at)
 
     @property
     def expected_orphans(self) -> set[str]:
@@ -432,6 +442,7 @@ async def _run_one(client: httpx.AsyncClient, plan: RolloutPlan, run: RolloutRun
     finally:
         if not plan.live and plan.uid not in run.deleted_at:  # every rollout deletes its session
             try:
+                run.delete_sent_at[plan.uid] = time.time()
                 run.deleted_counts[plan.uid] = await _finish(client, plan.uid)
                 run.deleted_at[plan.uid] = time.time()
                 run.deleted_uids.append(plan.uid)
@@ -457,6 +468,7 @@ async def _straggle(client: httpx.AsyncClient, plan: RolloutPlan, run: RolloutRu
     async def finish_under_it(in_flight: bool) -> None:
         run.in_flight_confirmed[plan.uid] = in_flight
         timeline["in_flight" if in_flight else "in_flight_unconfirmed"] = time.time()
+        run.delete_sent_at[plan.uid] = time.time()
         run.deleted_counts[plan.uid] = await _finish(client, plan.uid)
         run.deleted_at[plan.uid] = timeline["deleted"] = time.time()
         run.deleted_uids.append(plan.uid)
@@ -778,6 +790,108 @@ def retry_rollout(gateway_url: str, uid: str, *, calls: int = 2, delete_first: b
     return _run_sync(lambda: retry_rollout_async(
         gateway_url, uid, calls=calls, delete_first=delete_first, explicit_create=explicit_create,
         metadata=metadata, finish=finish, model=model, settle_timeout=settle_timeout, transport=transport))
+
+
+@dataclass
+class StepsRun:
+    """What :func:`trainer_steps` saw: per step, the traces each uid's session held just before the step's
+    delete, and for the straggler (when asked for) whether its late trace joined the next step's session."""
+
+    uids: list[str]
+    #: per step: uid -> traces its session held right before the step ended with its delete
+    kept: list[dict[str, int]] = field(default_factory=list)
+    #: the uid whose extra call was still in flight when a step deleted it, landing during the next step
+    straggler: str | None = None
+    #: traces the straggler's session held in the next step before and after its late call answered
+    straggler_session: tuple[int, int] | None = None
+    batch_delete: bool = False
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def straggler_joined(self) -> bool | None:
+        """Whether the old step's late trace was mixed into the next step's session (None: no straggler)."""
+        if self.straggler_session is None:
+            return None
+        before, after = self.straggler_session
+        return after > before
+
+
+async def trainer_steps_async(gateway_url: str, uids: Sequence[str], *, steps: int = 2, calls: int = 3,
+                              straggler: str | None = None, model: str = DEFAULT_MODEL,
+                              settle_timeout: float = 10.0) -> StepsRun:
+    """Steps of an rLLM trainer that samples the same tasks again: every step runs ``calls`` calls on each of
+    ``uids`` (``{task id}:{rollout index}``, the same ids every step, as rLLM's trainers name rollouts), waits
+    until their traces show, notes what each session holds, and ends by deleting every uid (one
+    ``POST /sessions/batch_delete`` where the gateway has it, as ``adelete_sessions`` does, else one
+    ``DELETE`` each). No ``POST /sessions`` anywhere: the trainers create sessions only with sampling params.
+
+    With ``straggler`` (one of ``uids``, stub workers needed) that uid's step also sends one more call, held at
+    the stub worker and seen in flight before the delete; it is released once the next step has made its calls
+    on the same uid, so its trace lands while the id is in use again.
+    """
+    run = StepsRun(uids=list(uids), straggler=straggler)
+    limits = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY)
+    async with httpx.AsyncClient(base_url=gateway_url.rstrip("/"), timeout=60.0, limits=limits) as client:
+        paths = (await client.get("/openapi.json")).json().get("paths", {})
+        run.batch_delete = "/sessions/batch_delete" in paths
+        stub = await _StubControl.discover(client)
+        if straggler is not None and not stub.available:
+            raise ValueError("a straggler held across a step needs stub workers behind the gateway")
+        held: asyncio.Task[Any] | None = None
+        tag = f"steps:{straggler}"
+
+        async def use(uid: str, step: int) -> None:
+            messages: list[dict[str, Any]] = [{"role": "system", "content": _SYSTEM_PROMPT},
+                                              {"role": "user", "content": f"Step {step} of {uid}."}]
+            for k in range(calls):
+                reply, _ = await _chat(client, uid, model, list(messages))
+                messages += [reply, {"role": "user", "content": f"Observation {k} of step {step}."}]
+
+        try:
+            for step in range(steps):
+                await asyncio.gather(*(use(uid, step) for uid in uids))
+                for uid in uids:  # bounded: each waits at most settle_timeout
+                    deadline = time.monotonic() + settle_timeout
+                    while (await _session_trace_count(client, uid) or 0) < calls and time.monotonic() < deadline:
+                        await asyncio.sleep(0.02)
+                if held is not None:  # the old step's call answers now, while its id is in use again
+                    assert straggler is not None
+                    before = await _session_trace_count(client, straggler) or 0
+                    await stub.release(tag)
+                    await held
+                    held = None
+                    await asyncio.sleep(0.3)  # its fire-and-forget write lands (or is dropped) meanwhile
+                    (await client.post("/admin/flush")).raise_for_status()
+                    run.straggler_session = (before, await _session_trace_count(client, straggler) or 0)
+                run.kept.append({uid: await _session_trace_count(client, uid) or 0 for uid in uids})
+                if straggler is not None and step < steps - 1 and run.straggler_session is None:
+                    late = [{"role": "user", "content": f"A long tool result of step {step}."}]
+                    held = asyncio.create_task(_chat(client, straggler, model, late, headers={
+                        "x-stub-tag": tag, "x-stub-hold": "1", "x-stub-delay": "0"}))
+                    if not await stub.wait_in_flight(tag, timeout=10.0):
+                        run.errors.append(f"the straggler's call on {straggler} was not seen in flight")
+                (await client.post("/admin/flush")).raise_for_status()
+                if run.batch_delete:
+                    (await client.post("/sessions/batch_delete", json={"session_ids": list(uids)})).raise_for_status()
+                else:
+                    for uid in uids:
+                        (await client.delete(f"/sessions/{_sid(uid)}")).raise_for_status()
+        except httpx.HTTPError as err:
+            run.errors.append(f"{type(err).__name__}: {err}")
+        finally:
+            if held is not None:
+                with contextlib.suppress(httpx.HTTPError):
+                    await stub.release(tag)
+                with contextlib.suppress(httpx.HTTPError):
+                    await held
+    return run
+
+
+def trainer_steps(gateway_url: str, uids: Sequence[str], *, steps: int = 2, calls: int = 3,
+                  straggler: str | None = None, model: str = DEFAULT_MODEL, settle_timeout: float = 10.0) -> StepsRun:
+    """Synchronous :func:`trainer_steps_async`."""
+    return _run_sync(lambda: trainer_steps_async(gateway_url, uids, steps=steps, calls=calls, straggler=straggler,
+                                                 model=model, settle_timeout=settle_timeout))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

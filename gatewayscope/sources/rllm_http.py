@@ -482,7 +482,7 @@ def read_trace_store_http(target: Target, policy: Policy, *, now: float,
         access="rest",
         session_total=indexed.session_total if indexed is not None else None,
         trace_total=indexed.trace_total if indexed is not None else None,
-        also_read=frozenset(also) if indexed is not None else frozenset(),
+        also_read=frozenset(also),
     )
 
 

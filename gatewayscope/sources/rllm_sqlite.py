@@ -412,5 +412,5 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
         access="sqlite",
         session_total=totals[0] if totals is not None else None,
         trace_total=totals[1] if totals is not None else None,
-        also_read=frozenset(also or ()) if totals is not None else frozenset(),
+        also_read=frozenset(also or ()),
     )

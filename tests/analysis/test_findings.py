@@ -20,6 +20,7 @@ import pytest
 from gatewayscope.analysis.findings import Findings, findings, target_findings
 from gatewayscope.analysis.orphans import ORPHANS_SCHEMA
 from gatewayscope.config import DEFAULT_MEMORY_LIMIT_BYTES, Config, Policy, Target
+from gatewayscope.errors import GatewayscopeError
 from gatewayscope.snapshot import (
     CANDIDATE_TRACES_SCHEMA,
     REACHABILITY_SCHEMA,
@@ -52,6 +53,7 @@ def rllm(name: str = "rl") -> TargetSnapshot:
         tombstoned_ids=["taskA:1"],
         guard=GuardStats(tombstones=7, capacity=100, dropped_writes=2),
         access="sqlite",
+        also_read=frozenset({"taskA:0", "taskB:0"}),  # the ids the tests give as deleted were read
     )
     return TargetSnapshot(name=name, kind="rllm", address="/srv/traces.db", up=True, started_at=NOW,
                           duration_seconds=0.2, trace_store=data, warnings=["a warning"])
@@ -138,7 +140,7 @@ def test_findings_are_frozen_and_keep_their_own_policy_and_deleted_ids() -> None
     assert found.deleted_ids == {"taskA:0": NOW - 10, "taskB:0": NOW - 10}
     assert found.orphans.filter(pl.col("session_id") == "taskA:0")["reason"].to_list() == [
         "was deleted before and came back"]
-    # taskB:0's traces were not read: when they were dispatched is unknown, so its delete proves nothing
+    # taskB:0 is live (four traces, the latest after nothing): its delete makes no orphan of it
     assert found.orphans.filter(pl.col("session_id") == "taskB:0").height == 0
     with pytest.raises(TypeError, match="moment of its delete"):
         findings(Snapshot(taken_at=NOW, targets=[rllm()]), cfg, deleted_ids={"taskB:0"})  # type: ignore[arg-type]
@@ -215,3 +217,14 @@ def test_no_view_computes_findings_itself() -> None:
         "find_orphans", "orphans_by_task", "classify_records", "unreachable_records", "posture_drift"}
     assert ("posture_drift" in {name for name, _ in analysis_calls(PACKAGE / "remediate" / "apply.py")}), \
         "apply no longer re-judges the posture: drop its exception"
+
+
+def test_deleted_ids_the_read_did_not_name_are_refused_with_what_to_do() -> None:
+    snap = rllm()
+    assert snap.trace_store is not None
+    unread = TargetSnapshot(name="rl", kind="rllm", address=snap.address, up=True, started_at=NOW,
+                            duration_seconds=0.1,
+                            trace_store=dataclasses.replace(snap.trace_store, also_read=frozenset({"taskA:0"})))
+    with pytest.raises(GatewayscopeError, match=r"read without 1 of the session ids.*also_sessions"):
+        findings(Snapshot(taken_at=NOW, targets=[unread]), config(("rl", "rllm")),
+                 deleted_ids={"taskA:0": NOW - 10, "gone:0": NOW - 10})

@@ -97,6 +97,7 @@ def test_the_seed_race_leaves_orphans_unguarded_and_none_with_the_guard(rllm_gat
         "tombstones": N_ROLLOUTS,  # every deleted uid
         "capacity": 1_000_000,
         "dropped_writes": n_dropped,
+        "kept_after_fence": 0,  # no id was used again after its delete
         "evicted": 0,
         "top_droppers": status["top_droppers"],
         "index": "ready",  # the launcher over its memory store keeps the orphan index
@@ -105,14 +106,16 @@ def test_the_seed_race_leaves_orphans_unguarded_and_none_with_the_guard(rllm_gat
         "gatewayscope_guard_tombstones": N_ROLLOUTS,
         "gatewayscope_guard_tombstone_capacity": 1_000_000,
         "gatewayscope_guard_dropped_writes_total": n_dropped,
+        "gatewayscope_guard_kept_after_fence_writes_total": 0,
         "gatewayscope_guard_tombstones_evicted_total": 0,
     }
     checked = httpx.post(f"{guarded.url}/guard/tombstones/check",
                          json={"session_ids": [*run.deleted_uids, *run.live_uids]}, timeout=10).json()
-    assert checked == {"tombstoned": run.deleted_uids}
+    assert checked["tombstoned"] == run.deleted_uids and checked["reused"] == []
+    assert set(checked["fences"]) == set(run.deleted_uids)
 
 
-def test_a_retry_that_recreates_its_uid_keeps_its_traces(guarded_gateway: Any) -> None:
+def test_a_retry_keeps_its_traces_with_or_without_a_create(guarded_gateway: Any) -> None:
     gateway = guarded_gateway("memory", via_cli=True)  # also proves the `gatewayscope gateway` command
     run = run_rollouts(gateway.url, n_rollouts=5, n_stragglers=2, n_live=0, straggler_delay=DELAY,
                        settle_timeout=GUARDED_SETTLE)
@@ -123,33 +126,25 @@ def test_a_retry_that_recreates_its_uid_keeps_its_traces(guarded_gateway: Any) -
     recreated, bare = run.straggler_uids
     assert sessions(gateway.url) == {}
 
-    # rLLM's retry: delete, then POST /sessions with the same uid (lifts the tombstone), then its calls
+    # rLLM's retry: delete, then (with sampling params) POST /sessions with the same uid, then its calls
     retry = retry_rollout(gateway.url, recreated, calls=3, explicit_create=True)
-    assert retry.errors == []
-    assert retry.trace_count == 3
-    assert sessions(gateway.url) == {recreated: 3}
-    assert guard_status(gateway.url)["dropped_writes"] == before  # nothing of the retry was dropped
+    assert retry.errors == [] and retry.trace_count == 3
+    # since #584 most retries create nothing: their bare calls came after the delete and are kept all the same
+    bare_retry = retry_rollout(gateway.url, bare, calls=2, explicit_create=False)
+    assert bare_retry.errors == [] and bare_retry.trace_count == 2
+    assert sessions(gateway.url) == {recreated: 3, bare: 2}
+    status = guard_status(gateway.url)
+    assert status["dropped_writes"] == before  # nothing of the retries was dropped
+    assert status["kept_after_fence"] == 5
 
-    # the caveat: a retry that skips the explicit creation loses its traces to the tombstone
-    prior = {d["session_id"]: d["dropped"] for d in guard_status(gateway.url)["top_droppers"]}.get(bare, 0)
-    assert prior == 1 or bare not in raced  # its straggler's write was dropped
-    lost = retry_rollout(gateway.url, bare, calls=2, explicit_create=False)
-    assert lost.errors == []
-    assert lost.trace_count == 0
-    status = wait_for("dropped writes", lambda: guard_status(gateway.url),
-                      lambda s: s["dropped_writes"] == before + 2)
-    by_session = {d["session_id"]: d["dropped"] for d in status["top_droppers"]}
-    assert by_session[bare] == prior + 2
-    assert sessions(gateway.url) == {recreated: 3}
-
-    # the successful retry ends like any rollout: its uid is tombstoned again
+    # the successful retry ends like any rollout: its uid's fence moves to this delete
     done = retry_rollout(gateway.url, recreated, calls=1, delete_first=False, explicit_create=False,
                          finish=True)
     assert done.finished and done.trace_count == 4
     check = httpx.post(f"{gateway.url}/guard/tombstones/check", json={"session_ids": [recreated, bare]},
                        timeout=10).json()
-    assert check == {"tombstoned": [recreated, bare]}
-    assert sessions(gateway.url) == {}
+    assert check["tombstoned"] == [recreated, bare] and check["reused"] == [bare]
+    assert sessions(gateway.url) == {bare: 2}
 
 
 async def _stragglers_around_evictions(url: str, worker_url: str) -> None:
@@ -194,12 +189,13 @@ def test_the_fifo_cap_evicts_the_oldest_tombstone_first(guarded_gateway: Any, st
     assert status["top_droppers"] == [{"session_id": "new:0", "dropped": 1}]
     check = httpx.post(f"{gateway.url}/guard/tombstones/check",
                        json={"session_ids": ["old:0", "filler:0", "filler:3", "new:0"]}, timeout=10).json()
-    assert check == {"tombstoned": ["filler:0", "filler:3", "new:0"]}
+    assert check["tombstoned"] == ["filler:0", "filler:3", "new:0"]
     values = metrics(gateway.url)
     assert values == {
         "gatewayscope_guard_tombstones": 5,
         "gatewayscope_guard_tombstone_capacity": 5,
         "gatewayscope_guard_dropped_writes_total": 1,
+        "gatewayscope_guard_kept_after_fence_writes_total": 0,
         "gatewayscope_guard_tombstones_evicted_total": 1,
     }
 
@@ -215,8 +211,8 @@ def test_max_tombstones_zero_restores_the_old_behaviour(guarded_gateway: Any) ->
     if not run.race_lost_uids:
         assert len(orphans) == N_STRAGGLERS
     assert guard_status(gateway.url) == {"enabled": False, "tombstones": 0, "capacity": 0,
-                                         "dropped_writes": 0, "evicted": 0, "top_droppers": [],
-                                         "index": "absent"}
+                                         "dropped_writes": 0, "kept_after_fence": 0, "evicted": 0,
+                                         "top_droppers": [], "index": "absent"}
     assert metrics(gateway.url)["gatewayscope_guard_tombstone_capacity"] == 0
     refused = httpx.post(f"{gateway.url}/guard/tombstones", json={"session_ids": ["x"]}, timeout=10)
     assert refused.status_code == 409

@@ -46,15 +46,15 @@ def test_the_six_lines_delete_exactly_the_orphans(store: str, rllm_gateway: Any,
     if store == "sqlite":
         address = f'path = "{gateway.db_path}"'
         age(str(gateway.db_path), orphans, 3 * 3600)  # idle three hours: suspected
-        deleted: list[str] = []
+        deleted: dict[str, float] = {}
     else:
         address = f'url = "{gateway.url}"'
-        deleted = run.deleted_uids  # the rollouts deleted them and they came back: confirmed
+        deleted = run.deletes  # the rollouts deleted them and they came back: confirmed
     (tmp_path / "gatewayscope.toml").write_text(f'[[targets]]\nname = "rl"\nkind = "rllm"\n{address}\n')
     monkeypatch.chdir(tmp_path)
 
     config = gs.load_config("gatewayscope.toml")
-    snapshot = gs.take_snapshot(config)
+    snapshot = gs.take_snapshot(config, also_sessions=deleted)
     found = gs.findings(snapshot, config, deleted_ids=deleted)
     plan = gs.build_plan(found, include_suspected=True, include_deletes=False)
     plan.save("plan.json"); plan = gs.load_plan("plan.json")  # noqa: E702 - the example's own line
@@ -70,7 +70,7 @@ def test_the_six_lines_delete_exactly_the_orphans(store: str, rllm_gateway: Any,
                              "already-done": 0}
     assert sessions(gateway.url) == {s: before[s] for s in run.live_uids} == run.live_uids
     assert (tmp_path / "apply.jsonl").exists()
-    after = gs.findings(gs.take_snapshot(config), config, deleted_ids=deleted)
+    after = gs.findings(gs.take_snapshot(config, also_sessions=deleted), config, deleted_ids=deleted)
     assert after.orphans.height == 0 and after.counts["orphans"] == 0
 
 

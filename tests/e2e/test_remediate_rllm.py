@@ -31,7 +31,7 @@ from gatewayscope.errors import GatewayscopeError
 from gatewayscope.remediate.apply import ApplyOptions, apply_plan
 from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import build_plan
-from gatewayscope.sandbox.rollouts import run_rollouts
+from gatewayscope.sandbox.rollouts import land_late_calls, run_rollouts
 from gatewayscope.scan import take_snapshot
 from tests.helpers import age, guard_status, wait_for
 from tests.helpers import gateway_sessions as sessions
@@ -42,7 +42,7 @@ TAIL = "0 refused, 0 unconfirmed, 0 gone, 0 stale, 0 already-done"
 
 
 def late_call(url: str, session_id: str) -> None:
-    """A straggler's call for ``session_id`` arriving after its session was deleted."""
+    """A call for ``session_id`` that reaches the gateway now."""
     body = {"model": "gatewayscope-stub", "messages": [{"role": "user", "content": "a late tool result"}]}
     httpx.post(f"{url}/sessions/{session_id}/v1/chat/completions", json=body, timeout=30).raise_for_status()
 
@@ -88,13 +88,13 @@ def test_guarded_gateway_orphans_are_tombstoned_before_they_are_deleted(guarded_
     # plan: the orphans are confirmed by the rollouts' own deletes; the guard is seen, so tombstones come first
     config = Config(targets=[Target(name="guarded", kind="rllm", url=url)], policy=Policy())
     # the launcher's orphan index holds only idle candidates: the deleted ids are named to the read
-    snapshot = take_snapshot(config, also_sessions=run.deleted_uids)
+    snapshot = take_snapshot(config, also_sessions=run.deletes)
     store = snapshot.targets[0].trace_store
     assert store is not None and store.guard is not None, "the scan must see the launcher's guard"
     assert store.session_total is not None, "the scan must read the launcher's orphan index"
     with pytest.raises(GatewayscopeError, match="also_sessions"):  # never fewer orphans without a word
-        build_plan(take_snapshot(config), config, deleted_ids=run.deleted_uids)
-    plan = build_plan(snapshot, config, deleted_ids=run.deleted_uids)
+        build_plan(take_snapshot(config), config, deleted_ids=run.deletes)
+    plan = build_plan(snapshot, config, deleted_ids=run.deletes)
     assert [a.kind for a in plan.actions] == ["tombstone_backfill"] + ["session_delete"] * N_STRAGGLERS
     assert plan.actions[0].after == {"session_ids": sorted(run.straggler_uids)}
     assert sorted(a.subject for a in plan.actions[1:]) == sorted(run.straggler_uids)
@@ -118,12 +118,17 @@ def test_guarded_gateway_orphans_are_tombstoned_before_they_are_deleted(guarded_
     assert again.already_applied and again.results == []
     assert sessions(url) == after
 
-    # a straggler arriving now for a deleted orphan is dropped, not resurrected
-    victim = run.straggler_uids[0]
-    late_call(url, victim)
+    # a straggler in flight when its id is deleted again is dropped, not resurrected; a call that comes after the
+    # delete is the id's next use, and kept
+    victim, reused = run.straggler_uids[0], run.straggler_uids[1]
+    late = land_late_calls(url, [victim], lambda: httpx.delete(f"{url}/sessions/{victim}", timeout=10),
+                           settle_timeout=2.0)
+    assert late.errors == [] and late.landed == []
     status = wait_for("the dropped late write", lambda: guard_status(url), lambda s: s["dropped_writes"] == 1)
     assert status["top_droppers"] == [{"session_id": victim, "dropped": 1}]
-    assert victim not in sessions(url)
+    late_call(url, reused)
+    wait_for("the reused id's trace", lambda: sessions(url), lambda left: left.get(reused) == 1)
+    assert victim not in sessions(url) and guard_status(url)["kept_after_fence"] == 1
 
 
 # -- (b) the unmodified gateway on SQLite, no guard ---------------------------------------------------------------
@@ -138,14 +143,14 @@ def test_unguarded_sqlite_store_orphans_are_deleted_in_the_file(rllm_gateway: An
     db = str(gateway.db_path)
     config = Config(targets=[Target(name="store", kind="rllm", path=db)], policy=Policy())
     with pytest.raises(GatewayscopeError, match="also_sessions"):  # the candidates read holds only candidates
-        build_plan(take_snapshot(config), config, deleted_ids=run.deleted_uids)
-    plan = build_plan(take_snapshot(config, also_sessions=run.deleted_uids), config, deleted_ids=run.deleted_uids)
+        build_plan(take_snapshot(config), config, deleted_ids=run.deletes)
+    plan = build_plan(take_snapshot(config, also_sessions=run.deletes), config, deleted_ids=run.deletes)
     assert sorted((a.kind, a.subject) for a in plan.actions) == [("session_delete", u) for u in
                                                                  sorted(run.straggler_uids)]
     assert any(w.endswith(f"to stop that: gatewayscope guard install {db}.") for w in plan.warnings)
 
     report = apply_plan(plan, config, options=ApplyOptions(write=True, allow_delete=True),
-                        journal=Journal(tmp_path / "journal.jsonl"), deleted_ids=run.deleted_uids)
+                        journal=Journal(tmp_path / "journal.jsonl"), deleted_ids=run.deletes)
 
     assert report.tally_line() == f"3 done, {TAIL}"
     after = sessions(gateway.url)  # read through the gateway that kept running

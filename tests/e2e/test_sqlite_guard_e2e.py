@@ -25,7 +25,7 @@ import pytest
 
 from gatewayscope.cli import main as cli_main
 from gatewayscope.guard import sqlite as guard
-from gatewayscope.sandbox.rollouts import DEFAULT_MODEL, RolloutRun, retry_rollout, run_rollouts
+from gatewayscope.sandbox.rollouts import DEFAULT_MODEL, RolloutRun, land_late_calls, retry_rollout, run_rollouts
 
 pytestmark = pytest.mark.e2e
 
@@ -313,10 +313,10 @@ def settled(probe: Callable[[], int], *, quiet: float = 1.0, timeout: float = 20
     return value
 
 
-def test_retry_reusing_a_deleted_uid_is_dropped_until_lifted(rllm_gateway: Any,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    """The SQLite guard never sees rLLM's POST /sessions: a retry's writes are dropped, visible in status,
-    and ``guard lift`` lets them land."""
+def test_a_retry_reusing_a_deleted_uid_keeps_its_traces(rllm_gateway: Any,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The SQLite guard never sees rLLM's POST /sessions, and needs not: a retry's calls reach the gateway after
+    the delete, so the triggers keep them and count them as kept after a fence; ``guard status`` shows both."""
     gw = rllm_gateway("sqlite")
     db = gw.db_path
     assert db is not None
@@ -324,36 +324,26 @@ def test_retry_reusing_a_deleted_uid_is_dropped_until_lifted(rllm_gateway: Any,
     run = run_rollouts(gw.url, n_rollouts=2, n_stragglers=0, calls_per_rollout=2, n_live=0, group_size=2, seed=1)
     assert run.ok and len(run.deleted_uids) == 2
     uid = run.deleted_uids[0]
-    # the gateway stores a trace after it answers: a rollout's last trace can land after its own delete and
-    # be dropped (the straggler race, more often on a loaded machine); count from where that settled
     before = settled(lambda: guard.status(db).dropped_writes)
-    before_uid = {d.session_id: d.dropped for d in guard.status(db).top_droppers}.get(uid, 0)
 
-    # the retry's two calls at once: their writes may interleave, and each still counts once
-    retry = retry_rollout(gw.url, uid, calls=2, explicit_create=True)
+    retry = retry_rollout(gw.url, uid, calls=2, explicit_create=False)  # delete, then the rerun's two calls
     assert retry.errors == [] and retry.calls == 2
-    wait_until(lambda: guard.status(db).dropped_writes >= before + 2, "the retry's dropped writes")
-    assert settled(lambda: guard.status(db).dropped_writes) == before + 2
+    wait_until(lambda: listed(gw.url).get(uid) == 2, "the retry's two traces")
+    status = guard.status(db)
+    assert status.dropped_writes == before and status.kept_after_fence == 2
     capsys.readouterr()
     assert cli_main(["guard", "status", db]) == 0
     out = capsys.readouterr().out
-    assert uid in out and "guard lift" in out
-    assert {d.session_id: d.dropped for d in guard.status(db).top_droppers}[uid] == before_uid + 2
-    assert uid not in listed(gw.url)
-
-    assert cli_main(["guard", "lift", db, uid]) == 0
-    assert "Lifted" in capsys.readouterr().out
-    with httpx.Client(base_url=gw.url, timeout=30) as client:
-        assert _chat(client, uid, "after the lift")
-    wait_until(lambda: listed(gw.url).get(uid) == 1, "the lifted session's trace")
-    assert guard.status(db).dropped_writes == before + 2
+    assert "kept after a fence  2 " in out
 
 
 @pytest.mark.parametrize("store", ["memory", "sqlite"])
-def test_backfilled_ids_drop_their_late_writes_until_lifted(store: str, rllm_gateway: Any, guarded_gateway: Any,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_backfilled_ids_drop_their_stragglers_and_keep_their_next_use(store: str, rllm_gateway: Any,
+                                                                       guarded_gateway: Any,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """``gatewayscope guard backfill`` of ids deleted before the guard existed: the guarded launcher's memory
-    store (by URL) and an unmodified gateway's SQLite file with the triggers (by path), on both gateways."""
+    store (by URL) and an unmodified gateway's SQLite file with the triggers (by path), on both gateways. The
+    backfill fences them now: calls already in flight then (stragglers) are dropped, later calls are kept."""
     if store == "memory":
         gw = guarded_gateway("memory")
         target = gw.url
@@ -370,24 +360,19 @@ def test_backfilled_ids_drop_their_late_writes_until_lifted(store: str, rllm_gat
             return guard.status(target).dropped_writes
     deleted_before = ["old-task:0", "old-task:1"]
     capsys.readouterr()
-    assert cli_main(["guard", "backfill", target, *deleted_before]) == 0
-    first = capsys.readouterr().out
-    assert cli_main(["guard", "backfill", target, *deleted_before]) == 0  # idempotent: nothing new
-    again = capsys.readouterr().out
-    assert "2 new tombstones, 0 already tombstoned" in first
-    assert "0 new tombstones, 2 already tombstoned" in again
 
+    def backfill_twice() -> None:
+        assert cli_main(["guard", "backfill", target, *deleted_before]) == 0
+        assert cli_main(["guard", "backfill", target, *deleted_before]) == 0  # idempotent: nothing new
+
+    late = land_late_calls(gw.url, deleted_before, backfill_twice, settle_timeout=3.0)
+    assert late.errors == [] and late.landed == []  # every straggler's trace was dropped
+    out = capsys.readouterr().out
+    assert "2 new tombstones, 0 already tombstoned" in out and "0 new tombstones, 2 already tombstoned" in out
     with httpx.Client(base_url=gw.url, timeout=30) as client:
-        for sid in deleted_before:  # stragglers of the deleted sessions
-            assert _chat(client, sid, "a late tool result")
         assert _chat(client, "live-task:0", "a live call")
-    wait_until(lambda: listed(gw.url).get("live-task:0") == 1 and dropped() >= 2, "the live trace and the drops")
-    assert listed(gw.url) == {"live-task:0": 1}
-    assert dropped() == 2
-
-    assert cli_main(["guard", "lift", target, "old-task:1"]) == 0  # it was a retry after all
-    with httpx.Client(base_url=gw.url, timeout=30) as client:
-        assert _chat(client, "old-task:1", "the retry's call")
-    wait_until(lambda: listed(gw.url).get("old-task:1") == 1, "the lifted session's trace")
+        assert _chat(client, "old-task:1", "the id's next use")
+    wait_until(lambda: listed(gw.url).get("live-task:0") == 1 and listed(gw.url).get("old-task:1") == 1
+               and dropped() >= 2, "the live traces and the drops")
     assert listed(gw.url) == {"live-task:0": 1, "old-task:1": 1}
     assert dropped() == 2

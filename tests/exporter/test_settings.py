@@ -50,7 +50,7 @@ def test_every_problem_is_one_line() -> None:
         "g.toml: exporter.colour: unknown key; expected one of listen, min_interval_seconds, max_record_series, "
         "default_scrape_timeout_seconds, scrape_timeout_margin_seconds, full_read_interval_seconds, tls_cert_file, "
         "tls_key_file, "
-        "basic_auth_username, basic_auth_password_env, basic_auth_password_file",
+        "basic_auth_username, basic_auth_password_env, basic_auth_password_file, discovery_dir",
         "g.toml: exporter.listen: expected HOST:PORT like '127.0.0.1:9465', got '9465'",
         "g.toml: exporter.min_interval_seconds: expected a number of seconds >= 0, got '15'",
         "g.toml: exporter.default_scrape_timeout_seconds: expected a positive number of seconds, got 0",

@@ -410,3 +410,56 @@ def test_findings_refuse_deleted_ids_an_index_read_was_not_asked_for(gw: Gateway
         found = findings(snapshot, config, deleted_ids={"multi:2": now})
         assert found.orphans.filter(pl.col("session_id") == "multi:2")["confidence"].to_list() == ["confirmed"]
     assert findings(blind, config).counts["orphans"] > 0  # without deleted ids nothing is missing
+
+
+def test_the_index_stays_exact_through_a_replaced_row(gw: Gateway, db: Path) -> None:
+    """No gateway writes it, but the index must not be wrong where a writer does: ``INSERT OR REPLACE`` into
+    ``trace_sessions`` deletes the old row without firing a delete trigger (``recursive_triggers`` is off), and
+    the index still equals the full read's figures."""
+    build(gw, db)
+    guard.install(db)
+    with sqlite3.connect(db) as conn:
+        sid, trace_id = conn.execute("SELECT session_id, trace_id FROM trace_sessions WHERE session_id LIKE "
+                                     "'task%' LIMIT 1").fetchone()
+        conn.execute("INSERT OR REPLACE INTO trace_sessions (trace_id, session_id, created_at) VALUES (?, ?, ?)",
+                     (trace_id, sid, time.time()))
+        index_matches_store(db)
+        # the same junction row moved to another session: the old session loses it, the new one gains it
+        conn.execute("INSERT OR REPLACE INTO trace_sessions (trace_id, session_id, created_at) VALUES (?, ?, ?)",
+                     (trace_id, "moved:0", time.time()))
+    index_matches_store(db)
+    both_reads_agree(db)
+
+
+def without_not_null(source: Path, target: Path) -> None:
+    """A copy of the gateway's store whose tables allow a NULL ``created_at`` (as a hand-made or older writer's
+    schema may): the gateway's own CREATE statements without their NOT NULL, and every row."""
+    with sqlite3.connect(source) as old, sqlite3.connect(target) as new:
+        for (sql,) in old.execute("SELECT sql FROM sqlite_master WHERE type IN ('table', 'index') AND sql IS NOT "
+                                  "NULL AND name NOT LIKE 'sqlite_%' ORDER BY type DESC"):
+            new.execute(sql.replace("NOT NULL", ""))
+        for table in ("traces", "trace_sessions"):
+            rows = old.execute(f"SELECT * FROM {table}").fetchall()
+            marks = ", ".join("?" * len(rows[0]))
+            new.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+
+
+def test_the_index_stays_exact_through_rows_without_a_time(gw: Gateway, db: Path, tmp_path: Path) -> None:
+    """A row whose ``created_at`` is NULL: a scalar MIN/MAX with a NULL is NULL, the aggregate is not. The index
+    keeps the full read's first and last times, for a session with other rows and for one with only that row,
+    and after that row is deleted again."""
+    build(gw, db)
+    store = tmp_path / "nullable.db"
+    without_not_null(db, store)
+    guard.install(store)
+    with sqlite3.connect(store) as conn:
+        conn.execute("INSERT INTO traces (trace_id, data, created_at) VALUES ('null-time', '{}', NULL)")
+        conn.execute("INSERT INTO trace_sessions (trace_id, session_id, created_at) VALUES ('null-time', ?, NULL)",
+                     ("multi:3",))
+        conn.execute("INSERT INTO traces (trace_id, data, created_at) VALUES ('null-only', '{}', NULL)")
+        conn.execute("INSERT INTO trace_sessions (trace_id, session_id, created_at) "
+                     "VALUES ('null-only', 'null-only:0', NULL)")
+    index_matches_store(store)
+    with sqlite3.connect(store) as conn:
+        conn.execute("DELETE FROM trace_sessions WHERE trace_id = 'null-time'")
+    index_matches_store(store)

@@ -467,6 +467,77 @@ def test_install_waits_for_the_write_lock_and_says_when_it_stays_locked(gw: Gate
     assert guard.status(db).triggers_intact
 
 
+def test_a_store_locked_by_another_process_is_busy_not_damaged(gw: Gateway, db: Path) -> None:
+    """An exclusive lock another connection holds: the integrity check says busy and how to go on, never
+    "damaged" with advice to restore a backup."""
+    seed_sessions(gw)
+    holder = raw(db)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(StoreError) as caught:
+            guard.check_integrity(db, busy_timeout=0.2)
+        with pytest.raises(StoreError, match="stayed locked") as installing:
+            guard.install(db, busy_timeout=0.2)
+        assert "damaged" not in str(installing.value)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert "busy, not damaged" in str(caught.value) and "damaged (" not in str(caught.value)
+    assert "backup" not in str(caught.value)
+
+
+def test_a_reinstall_that_changes_nothing_checks_nothing(gw: Gateway, db: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    seed_sessions(gw)
+    first = guard.install(db)
+    assert first.changed and first.checked == "full"
+
+    def no_check(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("an install that writes nothing ran the integrity check")
+
+    monkeypatch.setattr(guard, "check_integrity", no_check)
+    again = guard.install(db)
+    assert not again.changed and "nothing changed" in again.message
+
+
+def test_a_delete_journal_store_too_large_to_check_in_time_gets_its_schema_checked(gw: Gateway, db: Path) -> None:
+    """The whole-file check of a rollback-journal store stops at the hold bound (every gateway commit waits for
+    it); the schema and the guard's tables are then checked, each in a read of its own, and the install says
+    so. A WAL store is checked whole on a snapshot whatever the bound; --full-check checks whole."""
+    with sqlite3.connect(db) as conn:  # bulk: enough pages that the whole check outlasts a tiny bound
+        conn.execute("INSERT INTO traces (trace_id, data, created_at) WITH RECURSIVE n(i) AS "
+                     "(SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000) "
+                     "SELECT printf('bulk-%06d', i), json_object('session_id', 'bulk:' || i, 'pad', "
+                     "hex(randomblob(200))), i FROM n")
+    assert guard.check_integrity(db, hold_seconds=1e-6).scope == "schema"
+    assert guard.check_integrity(db, hold_seconds=1e-6, full=True).scope == "full"
+    result = guard.install(db)
+    assert result.checked == "full"  # 5 s is plenty for this file
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+    assert guard.check_integrity(db, hold_seconds=1e-6).scope == "full"
+
+
+def test_a_damaged_store_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "damaged.db"
+    writer = Gateway(path)
+    writer.write("a1", "A")
+    writer.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO traces (trace_id, data, created_at) WITH RECURSIVE n(i) AS "
+                     "(SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000) "
+                     "SELECT printf('t-%06d', i), hex(randomblob(300)), i FROM n")
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    with open(path, "r+b") as handle:  # scribble over an interior page of the traces table
+        handle.seek(page_size * (pages // 2) + 16)
+        handle.write(b"\xff" * 64)
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="is damaged"):
+        guard.install(path)
+    assert path.read_bytes() == before
+
+
 def test_install_under_concurrent_writes_loses_nothing(gw: Gateway, db: Path) -> None:
     """A second gateway-store connection writes live sessions in a thread while install runs."""
     seed_sessions(gw)
@@ -895,10 +966,53 @@ def test_cli_every_guard_action_is_documented() -> None:
     guard_parser = top.choices["guard"]
     assert guard_parser.description
     sub = next(a for a in guard_parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(sub.choices) == {"install", "status", "uninstall", "lift", "backfill"}
+    assert set(sub.choices) == {"install", "status", "uninstall", "lift", "backfill", "run"}
     helps = {choice.dest: choice.help for choice in sub._choices_actions}
     for name, action_parser in sub.choices.items():
         assert helps.get(name), f"guard {name} has no one-line help"
         assert action_parser.description, f"guard {name} has no description"
         for arg in action_parser._actions:
             assert arg.help, f"guard {name} {arg.dest} has no help"
+
+
+def test_a_schema_3_guard_upgrades_in_place_keeping_its_tombstones_as_fences(gw: Gateway, db: Path) -> None:
+    """A store an older gatewayscope guarded (schema 3: every write to a tombstoned id dropped, the pending-drop
+    table and the drop trigger) upgrades with ``install``: its tombstones become fences at their delete times (a
+    hand-edited one without a time is fenced at the upgrade), its counters stay, the legacy objects go, and from
+    then on a straggler is dropped while a new use of the id is kept."""
+    gw.write("t-live", "live:0")
+    gw.write("t-old", "gone:0")
+    gw.delete("gone:0")
+    fence = time.time() - 60
+    fixture = (Path(__file__).parent / "fixtures" / "guard_schema3.sql").read_text(encoding="utf-8")
+    with sqlite3.connect(db) as conn:
+        conn.executescript(fixture)
+        conn.execute("INSERT INTO gatewayscope_tombstones (session_id, deleted_at, dropped_writes, seq) "
+                     "VALUES ('gone:0', ?, 2, 1), ('hand:0', 'yesterday', 0, 2)", (fence,))
+        conn.execute("INSERT INTO gatewayscope_pending_drops (session_id, trace_id) VALUES ('gone:0', 't-x')")
+        conn.execute("UPDATE gatewayscope_guard SET value = 2 WHERE key = 'dropped_writes_total'")
+    assert guard.status(db).schema_version == 3
+    before_upgrade = time.time()
+    result = guard.install(db)
+    assert result.changed
+    state = guard.status(db)
+    assert (state.schema_version, state.triggers_intact, state.tombstones) == (4, True, 2), state
+    assert state.dropped_writes == 2 and not state.missing and not state.altered
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT name FROM sqlite_master WHERE name IN ('gatewayscope_drop_trace', "
+                            "'gatewayscope_pending_drops')").fetchall() == []
+        gone = guard.tombstone_of(conn, "gone:0")
+        hand = guard.tombstone_of(conn, "hand:0")
+    assert gone is not None and gone.fence == pytest.approx(fence) and not gone.reused
+    assert hand is not None and before_upgrade <= hand.fence <= time.time()
+    # a straggler dispatched before the delete is dropped; a use that began after it is kept, with no create
+    gw.write("t-straggler", "gone:0", trace_data("t-straggler", "gone:0", timestamp=fence - 5, latency_ms=900))
+    gw.write("t-new", "gone:0", trace_data("t-new", "gone:0", timestamp=time.time(), latency_ms=5))
+    assert gw.trace_ids("gone:0") == ["t-new"]
+    after = guard.status(db)
+    assert (after.dropped_writes, after.kept_after_fence) == (3, 1)
+    with sqlite3.connect(db) as conn:
+        reused = guard.tombstone_of(conn, "gone:0")
+    assert reused is not None and reused.reused
+    # a second install changes nothing and keeps the fences
+    assert not guard.install(db).changed

@@ -34,6 +34,7 @@ from gatewayscope.remediate.apply import ApplyOptions
 from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import load_plan
 from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_realistic, seed_small
+from gatewayscope.sandbox.rollouts import land_late_calls
 from tests.helpers import gateway_sessions as sessions
 from tests.helpers import wait_for
 
@@ -354,7 +355,7 @@ def test_real_stragglers_are_deleted_and_live_sessions_keep_their_traces(rllm_ga
 
     # the rollouts' own deletes confirm the orphans (as 'plan --deleted-from' does): no idle wait, and the
     # live session with one fresh trace is not an orphan
-    scan = ScanController(trace_stores=[gateway.url], deleted_ids=run.deleted_uids)
+    scan = ScanController(trace_stores=[gateway.url], deleted_ids=run.deletes)
     view = SnapshotView(scan)
     view.scan_button.click()
     view.check()
@@ -405,12 +406,12 @@ def test_guarded_gateway_tombstones_a_suspected_orphan_as_it_deletes_it(guarded_
     plan.apply(plan.required_confirmation())
     assert uid in sessions(url)
     assert httpx.get(f"{url}/guard/status", timeout=10).json()["tombstones"] == 0
-    plan.apply(plan.required_confirmation(), "1")
+    # with it, the delete runs while one more call of the session is still in flight at the worker: that call's
+    # late write is dropped, so the orphan cannot come back
+    late = land_late_calls(url, [uid], lambda: plan.apply(plan.required_confirmation(), "1"), settle_timeout=2.0)
+    assert late.errors == [] and late.landed == []
     assert uid not in sessions(url)
     assert httpx.get(f"{url}/guard/status", timeout=10).json()["tombstones"] == 1
-
-    # a late write for the deleted id is dropped: the orphan cannot come back
-    httpx.post(f"{url}/sessions/{uid}/v1/chat/completions", json=body, timeout=30)
     wait_for("the late write is dropped", lambda: httpx.get(f"{url}/guard/status", timeout=10).json(),
              lambda s: s["dropped_writes"] >= 1)
     assert uid not in sessions(url)

@@ -86,6 +86,7 @@ def rllm_target(sessions: list[tuple[str, int, float]], *, tombstoned: tuple[str
         guard=guard,
         capabilities={"guard": guard is not None},
         access=access,
+        also_read=frozenset(also),
     )
     return TargetSnapshot(name=name, kind="rllm", address=address, up=True, started_at=NOW,
                           duration_seconds=0.01, trace_store=data)
@@ -487,7 +488,7 @@ def test_a_plan_from_a_store_full_of_secrets_holds_none(tmp_path: Path, monkeypa
 def test_a_plan_from_findings_is_the_plan_from_their_snapshot() -> None:
     from gatewayscope.analysis.findings import findings
 
-    snap = snapshot(rllm_target(SESSIONS, tombstoned=("confirmed:0",), guard=GUARD),
+    snap = snapshot(rllm_target(SESSIONS, tombstoned=("confirmed:0",), guard=GUARD, also=("back:0",)),
                     bifrost_target([record("acme__m", 1000, 5000), record("acme__gone", 1000, 5000,
                                                                             base_url="http://gone.invalid/v1")],
                                    client_config={}, dead_hosts=("gone.invalid",)))
