@@ -155,6 +155,26 @@ def test_every_pod_is_hardened(value_set: str) -> None:
 
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_every_secret_file_is_readable_by_the_exporters_group_alone(value_set: str) -> None:
+    """Kubelet makes a Secret volume's files root's, of group fsGroup: the exporter (uid 65532, not their
+    owner) reads them through that group, so the mode needs group read and gives the world nothing
+    (docs/deploy.md: mode 0440, group 65532)."""
+    secrets = 0
+    for name, spec in pod_specs(rendered(value_set)):
+        context = spec["securityContext"]
+        for volume in spec.get("volumes", []):
+            if "secret" not in volume:
+                continue
+            secrets += 1
+            mode = volume["secret"]["defaultMode"]
+            assert mode == 0o440, (name, volume["name"], oct(mode))
+            assert all("mode" not in item for item in volume["secret"]["items"]), (name, volume["name"])
+            assert context["fsGroup"] == context["runAsGroup"] == 65532, (name, context)
+    if value_set == "all-values.yaml":  # basic auth and TLS in both pods, two targets' auth
+        assert secrets == 5
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_probes_ask_the_exporters_probe_paths(value_set: str) -> None:
     container = exporter_container(rendered(value_set))
     assert container["livenessProbe"]["httpGet"]["path"] == "/-/healthy"
