@@ -14,8 +14,9 @@ No engine runs on these machines, so the image is never built here. Instead:
   sandbox (an unmodified rLLM gateway with real stragglers, over REST and from its SQLite file, and the
   Bifrost emulator with admin auth, credentials from files readable by the group only), ``/metrics`` must
   serve the figures the library computes in-process from the same sandbox, behind basic auth read from
-  files. Afterwards no file anywhere on the machine's filesystems belongs to uid 65532 outside the state
-  folder (the uid owns nothing else, so anything it had created would show).
+  files, and print nothing on stdout (its log is stderr). Afterwards no file anywhere on the machine's
+  filesystems belongs to uid 65532 outside the state folder (the uid owns nothing else, so anything it had
+  created would show).
 
 The namespace needs ``unshare`` and ``setpriv`` (util-linux) and root. Without them the contract test is
 skipped with the reason, and under CI (``CI`` set) it fails instead.
@@ -340,9 +341,9 @@ basic_auth_password_file = "/etc/gatewayscope/secrets/exporter-password"
                   f"&& exec setpriv --reuid={UID} --regid={GID} --clear-groups --inh-caps=-all -- \"$@\"")
         command = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh",
                    "env", "-i", *[f"{key}={value}" for key, value in env.items()], *argv]
-        log = tmp_path / "exporter.log"
-        with log.open("w") as err:
-            process = subprocess.Popen(command, cwd="/", stdout=subprocess.DEVNULL, stderr=err)
+        log, out = tmp_path / "exporter.log", tmp_path / "exporter.out"
+        with log.open("w") as err, out.open("w") as printed:
+            process = subprocess.Popen(command, cwd="/", stdout=printed, stderr=err)
         url = f"http://127.0.0.1:{port}"
         from tests.helpers import wait_for
 
@@ -383,6 +384,7 @@ basic_auth_password_file = "/etc/gatewayscope/secrets/exporter-password"
         shutil.rmtree(sandbox, ignore_errors=True)
     assert process is not None and process.returncode == 0, log.read_text()
     stderr = log.read_text()
+    assert out.read_text() == "", "the exporter logs to stderr alone"
     assert "gatewayscope exporter serving" in stderr and stderr.rstrip().endswith("gatewayscope exporter stopped.")
     for sign in ("Traceback", "Read-only file system", "Permission denied", "exporter-pw", "bifrost-pw"):
         assert sign not in stderr, stderr
