@@ -8,7 +8,10 @@
   the grafana-foundation-sdk builders;
 * ``prometheus/alerts.yml``: the alert rules; ``prometheus/rules.yml``: the recording rules the dashboards
   read;
-* ``kubernetes/prometheusrule.yaml``: both rule files as one PrometheusRule for the Prometheus Operator.
+* ``kubernetes/prometheusrule.yaml``: both rule files as one PrometheusRule for the Prometheus Operator;
+
+and, with the default ``--out`` (or ``--chart DIR``), the Helm chart's ``files/rules.yaml``
+(``deploy/helm/gatewayscope/``): the same groups, which the chart's PrometheusRule template includes.
 
 ``prometheus/alerts_test.yml`` (promtool unit tests) is written by hand against the default config.
 ``tests/mixin`` fails when a committed file differs from what this script writes for the default config.
@@ -50,6 +53,9 @@ from grafana_foundation_sdk.models import dashboard as dashboard_model
 from grafana_foundation_sdk.models import prometheus as prometheus_model
 
 HERE = Path(__file__).resolve().parent
+#: the Helm chart whose PrometheusRule carries these rules (its files/rules.yaml is generated here)
+CHART = HERE.parent / "deploy" / "helm" / "gatewayscope"
+CHART_RULES = "files/rules.yaml"
 
 #: the docs page every runbook_url points into, by default (the project's public repository)
 DEFAULT_RUNBOOK_BASE_URL = "https://github.com/gatewayscope/gatewayscope/blob/main/docs/runbooks.md"
@@ -412,6 +418,14 @@ The gatewayscope alert and recording rules for the Prometheus Operator: `kubectl
 prometheusrule.yaml`. spec.groups: alerts.yml's groups, then rules.yml's.
 {note}"""),
     }
+
+
+def render_chart_rules(config: MixinConfig) -> str:
+    """The Helm chart's files/rules.yaml: the PrometheusRule's spec (alerts.yml's groups, then rules.yml's)."""
+    return to_yaml({"groups": alert_groups(config) + recording_groups(config)}, f"""
+The spec of the gatewayscope chart's PrometheusRule (templates/prometheusrule.yaml includes this file as it is,
+so the alerts' own {{{{ $labels }}}} templates stay untouched): the groups of alerts.yml, then rules.yml.
+{_config_note(config)}""")
 
 
 # == Grafana dashboards =====================================================================================
@@ -868,7 +882,7 @@ def render_all(config: MixinConfig | None = None) -> dict[str, str]:
     return files
 
 
-def parse_args(argv: Sequence[str]) -> tuple[MixinConfig, Path, bool]:
+def parse_args(argv: Sequence[str]) -> tuple[MixinConfig, Path, Path | None, bool]:
     parser = argparse.ArgumentParser(prog="python dashboards/build.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, help="a JSON object of MixinConfig fields (docs/mixin.md)")
     parser.add_argument("--job-selector", help=f"PromQL label matchers of the gatewayscope jobs "
@@ -879,8 +893,11 @@ def parse_args(argv: Sequence[str]) -> tuple[MixinConfig, Path, bool]:
     parser.add_argument("--uid-prefix", dest="dashboard_uid_prefix", help="dashboard uid prefix")
     parser.add_argument("--tag", dest="dashboard_tags", action="append", help="a dashboard tag (repeatable)")
     parser.add_argument("--out", type=Path, default=HERE, help="output folder (default: dashboards/)")
+    parser.add_argument("--chart", type=Path,
+                        help="the Helm chart folder whose files/rules.yaml to write (default: deploy/helm/gatewayscope "
+                             "with the default --out, none with another)")
     parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 when a file under --out differs from the build")
+                        help="write nothing; exit 1 when a file under --out (or the chart's) differs from the build")
     args = parser.parse_args(list(argv))
     values: dict[str, Any] = json.loads(args.config.read_text()) if args.config else {}
     for name in ("job_selector", "cluster_label", "runbook_base_url", "dashboard_uid_prefix", "dashboard_tags"):
@@ -890,14 +907,18 @@ def parse_args(argv: Sequence[str]) -> tuple[MixinConfig, Path, bool]:
         config = MixinConfig.from_mapping(values)
     except (TypeError, ValueError) as err:
         parser.error(str(err))
-    return config, args.out, args.check
+    chart = args.chart if args.chart is not None else (CHART if args.out == HERE else None)
+    return config, args.out, chart, args.check
 
 
 def main(argv: Sequence[str]) -> int:
-    config, out, check = parse_args(argv)
+    config, out, chart, check = parse_args(argv)
     stale = []
-    for name, text in render_all(config).items():
-        path = out / name
+    files = {out / name: text for name, text in render_all(config).items()}
+    if chart is not None:
+        files[chart / CHART_RULES] = render_chart_rules(config)
+    for path, text in files.items():
+        name = str(path.relative_to(out)) if path.is_relative_to(out) else str(path)
         if check:
             if not path.is_file() or path.read_text() != text:
                 stale.append(name)

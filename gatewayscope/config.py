@@ -15,7 +15,7 @@ The file::
     url = "http://127.0.0.1:8080"
     memory_limit_bytes = 536870912
     [targets.auth]
-    username_env = "BIFROST_ADMIN_USER"   # or username = "admin"
+    username_env = "BIFROST_ADMIN_USER"   # or username = "admin", or username_file = "/run/secrets/bifrost-user"
     password_env = "BIFROST_ADMIN_PASSWORD"   # or password_file = "/run/secrets/bifrost"
 
     [policy]
@@ -27,7 +27,8 @@ The file::
     env_file = "/srv/platform/.env"      # optional: the platform's pool overrides
 
 A password never comes from the command line or the file itself: only from an env var or a file
-named in the config, read when a source needs it, and never printed.
+named in the config, read when a source needs it, and never printed. A file key may name a file of
+systemd's credentials folder as ``$CREDENTIALS_DIRECTORY/NAME`` (see :func:`credential_path`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,49 @@ STANDARD_POOL_ENV = "SANDBOX_LLM_GATEWAY_PROVIDER_CONCURRENCY"
 CUSTOM_POOL_ENV = "SANDBOX_LLM_GATEWAY_CUSTOM_PROVIDER_CONCURRENCY"
 
 
+#: how a file key names a file in the folder systemd fills from a unit's ``LoadCredential=`` lines
+CREDENTIALS_VARIABLE = "CREDENTIALS_DIRECTORY"
+_CREDENTIALS_PREFIXES = (f"${CREDENTIALS_VARIABLE}/", f"${{{CREDENTIALS_VARIABLE}}}/")
+
+
+def credential_path(value: str) -> str:
+    """The path a file key names: ``$CREDENTIALS_DIRECTORY/NAME`` (or ``${CREDENTIALS_DIRECTORY}/NAME``) is the
+    credential NAME in the folder systemd passes a service in that variable (``LoadCredential=NAME:PATH``), a
+    leading ``~`` is the home folder, and any other path is taken as it is (no other variable is expanded).
+    Raises ValueError when the path names the variable and it is not set.
+
+    >>> credential_path("/run/secrets/bifrost")
+    '/run/secrets/bifrost'
+    >>> import os; os.environ["CREDENTIALS_DIRECTORY"] = "/run/credentials/gs.service"
+    >>> credential_path("$CREDENTIALS_DIRECTORY/bifrost-password")
+    '/run/credentials/gs.service/bifrost-password'
+    >>> del os.environ["CREDENTIALS_DIRECTORY"]
+    """
+    for prefix in _CREDENTIALS_PREFIXES:
+        if value.startswith(prefix):
+            folder = os.environ.get(CREDENTIALS_VARIABLE)
+            if not folder:
+                raise ValueError(f"names ${CREDENTIALS_VARIABLE}, which is not set (systemd sets it for a service "
+                                 "with LoadCredential=); run it under such a unit or give the file's own path")
+            return str(Path(folder) / value[len(prefix):])
+    return os.path.expanduser(value)
+
+
+def read_secret_file(path: str, key: str) -> str:
+    """The secret in the file ``path`` (one trailing newline dropped), for the config key ``key``.
+
+    Raises ConfigError naming the key and the file (never the content) when it cannot be read or is empty."""
+    try:
+        value = Path(path).read_text().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or "not UTF-8 text"
+        raise ConfigError(f"{key}: cannot read {path}: {reason}; check that the file exists and that this "
+                          "user may read it.") from None
+    if not value:
+        raise ConfigError(f"{key}: {path} is empty; put the secret in it.")
+    return value
+
+
 @dataclass(frozen=True)
 class AuthConfig:
     """Where a target's credentials come from. Holds names of places, never a password."""
@@ -69,6 +113,8 @@ class AuthConfig:
     username_env: str | None = None
     password_env: str | None = None
     password_file: str | None = None
+    #: a file holding the username (a Kubernetes Secret of type basic-auth mounts one)
+    username_file: str | None = None
 
     def resolve(self) -> tuple[str, str]:
         """Read the username and password now. Raises ConfigError naming the missing place."""
@@ -77,19 +123,16 @@ class AuthConfig:
             user = os.environ.get(self.username_env)
             if not user:
                 raise ConfigError(f"auth: the environment variable {self.username_env} (username_env) is not set.")
+        if user is None and self.username_file:
+            user = read_secret_file(self.username_file, "auth: username_file")
         if not user:
-            raise ConfigError("auth: set username or username_env for this target.")
+            raise ConfigError("auth: set username, username_env or username_file for this target.")
         if self.password_env:
             password = os.environ.get(self.password_env)
             if password is None:
                 raise ConfigError(f"auth: the environment variable {self.password_env} (password_env) is not set.")
         elif self.password_file:
-            try:
-                password = Path(self.password_file).read_text().rstrip("\r\n")
-            except OSError as err:
-                raise ConfigError(
-                    f"auth: cannot read password_file {self.password_file}: {err.strerror or err}."
-                ) from None
+            password = read_secret_file(self.password_file, "auth: password_file")
         else:
             raise ConfigError("auth: set password_env or password_file for this target.")
         return user, password
@@ -187,7 +230,9 @@ class Config:
 
 _TARGET_KEYS = {"name", "kind", "url", "path", "timeout_seconds", "auth", "memory_limit_bytes", "concurrency",
                 "max_body_bytes"}
-_AUTH_KEYS = {"username", "username_env", "password_env", "password_file"}
+_AUTH_KEYS = {"username", "username_env", "username_file", "password_env", "password_file"}
+#: the auth keys that name a file (``$CREDENTIALS_DIRECTORY/NAME`` allowed: :func:`credential_path`)
+_AUTH_FILE_KEYS = {"username_file", "password_file"}
 _POLICY_KEYS = {"orphan_idle_seconds", "max_weight_lag", "standard_pool", "custom_pool", "queue_per_worker",
                 "env_file"}
 _TOP_KEYS = {"targets", "policy", "exporter"}
@@ -222,21 +267,27 @@ def _check_url(value: Any, key: str, problems: _Problems) -> str | None:
 
 def _parse_auth(raw: Any, key: str, problems: _Problems) -> AuthConfig | None:
     if not isinstance(raw, dict):
-        problems.add(key, "expected a table with username/username_env and password_env/password_file")
+        problems.add(key, "expected a table with username/username_env/username_file and password_env/password_file")
         return None
     for extra in sorted(set(raw) - _AUTH_KEYS):
         hint = " (a password never goes in the file: use password_env or password_file)" if extra == "password" \
             else ""
         problems.add(f"{key}.{extra}", f"unknown key{hint}; expected one of {', '.join(sorted(_AUTH_KEYS))}")
     values = {}
-    for name in _AUTH_KEYS:
+    for name in sorted(_AUTH_KEYS):
         if name in raw:
             if not isinstance(raw[name], str) or not raw[name]:
                 problems.add(f"{key}.{name}", f"expected a non-empty string, got {raw[name]!r}")
+            elif name in _AUTH_FILE_KEYS:
+                try:
+                    values[name] = credential_path(raw[name])
+                except ValueError as err:
+                    problems.add(f"{key}.{name}", str(err))
+                    values[name] = raw[name]  # it is there: no "needs ..." line as well
             else:
                 values[name] = raw[name]
-    if "username" not in values and "username_env" not in values:
-        problems.add(key, "needs username or username_env")
+    if not {"username", "username_env", "username_file"} & set(values):
+        problems.add(key, "needs username, username_env or username_file")
     if ("password_env" in values) == ("password_file" in values):
         problems.add(key, "needs exactly one of password_env or password_file")
     return AuthConfig(**values)

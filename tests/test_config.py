@@ -208,6 +208,50 @@ def test_auth_resolves_from_env_or_file_and_never_from_flags(tmp_path: Path, mon
     assert "s3cret" not in repr(AuthConfig(username_env="GS_USER", password_env="GS_PW"))
 
 
+def test_auth_from_files_and_systemd_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Kubernetes basic-auth Secret mounts username and password files; systemd's LoadCredential= puts them
+    in $CREDENTIALS_DIRECTORY."""
+    (tmp_path / "bifrost-user").write_text("admin\n")
+    (tmp_path / "bifrost-password").write_text("s3cret-pw\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    path = write(tmp_path, """
+        [[targets]]
+        name = "bifrost"
+        kind = "bifrost"
+        url = "http://127.0.0.1:8080"
+        [targets.auth]
+        username_file = "$CREDENTIALS_DIRECTORY/bifrost-user"
+        password_file = "${CREDENTIALS_DIRECTORY}/bifrost-password"
+    """)
+    auth = load_config(path).targets[0].auth
+    assert auth == AuthConfig(username_file=str(tmp_path / "bifrost-user"),
+                              password_file=str(tmp_path / "bifrost-password"))
+    assert auth.resolve() == ("admin", "s3cret-pw")
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert [line.split(": ", 1)[1] for line in caught.value.problems] == [
+        f"targets[0].auth.{key}: names $CREDENTIALS_DIRECTORY, which is not set (systemd sets it for a service "
+        "with LoadCredential=); run it under such a unit or give the file's own path"
+        for key in ("password_file", "username_file")]
+
+
+def test_an_unreadable_or_empty_secret_file_names_the_file_never_the_secret(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text("hunter2\n")
+    (tmp_path / "empty").write_text("")
+    for auth, expected in (
+        (AuthConfig(username_file=str(tmp_path / "missing"), password_file=str(tmp_path / "pw")),
+         f"auth: username_file: cannot read {tmp_path / 'missing'}: No such file or directory"),
+        (AuthConfig(username="u", password_file=str(tmp_path)), f"auth: password_file: cannot read {tmp_path}: "),
+        (AuthConfig(username="u", password_file=str(tmp_path / "empty")),
+         f"auth: password_file: {tmp_path / 'empty'} is empty; put the secret in it."),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            auth.resolve()
+        assert str(caught.value).startswith(expected), caught.value
+        assert "hunter2" not in str(caught.value)
+
+
 def test_max_body_bytes_per_target_with_a_default_and_a_flag_override(tmp_path: Path) -> None:
     path = write(tmp_path, """
         [[targets]]

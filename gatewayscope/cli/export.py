@@ -30,6 +30,7 @@ def register(subparsers: Any) -> None:
             "  /probe?target=NAME      one target (the multi-target pattern)\n"
             "  /exporter-metrics       the exporter's own metrics only\n"
             "  /                       a landing page listing the targets\n"
+            "  /-/healthy, /-/ready    the liveness and readiness probes (OK; no basic auth)\n"
             "Each target is read at most once per [exporter] min_interval_seconds (default 15 s), within\n"
             "the scrape's deadline (X-Prometheus-Scrape-Timeout-Seconds minus a margin); a target that is\n"
             "down, slow or answers garbage gives gatewayscope_up 0 and never fails the scrape. TLS and\n"

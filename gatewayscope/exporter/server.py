@@ -8,7 +8,8 @@ Paths:
 * ``/exporter-metrics``: the exporter's own metrics only (the second job of the multi-target pattern);
 * ``/``: a landing page listing the targets with their last read and links (addresses and errors only
   behind basic auth: see :meth:`Exporter.landing_page`);
-* ``/-/healthy``: ``OK`` while the process serves.
+* ``/-/healthy`` and ``/-/ready``: ``OK`` while the process serves (the liveness and readiness probes). They
+  answer without basic auth, so a kubelet probe needs no credentials, and say nothing else.
 
 Connections are served by at most ``max_threads`` worker threads; more wait in a queue (and, beyond
 ``MAX_QUEUED_CONNECTIONS``, in the listen backlog of ``LISTEN_BACKLOG``), never refused. While connections
@@ -20,7 +21,7 @@ it with :func:`render` (text 0.0.4 or OpenMetrics, as the scraper's ``Accept`` a
 accepted). The deadline for the targets' reads is ``X-Prometheus-Scrape-Timeout-Seconds`` minus
 ``scrape_timeout_margin_seconds`` (see :func:`read_budget`). With ``tls_cert_file``/``tls_key_file`` it
 serves HTTPS (the handshake runs in the connection's own thread); with ``basic_auth_username`` every
-path asks for Basic credentials.
+path but the two probes asks for Basic credentials.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ MAX_QUEUED_CONNECTIONS = 1024
 DISCOVERY_INTERVAL_SECONDS = 1.0
 #: each request to a discovered gateway may take this long in all (its config names no timeout)
 DISCOVERED_TIMEOUT_SECONDS = 10.0
+#: the liveness and readiness paths: served without basic auth (they only ever say OK), like a kubelet asks
+PROBE_PATHS = ("/-/healthy", "/-/ready")
 
 
 def render(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
@@ -283,11 +286,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_GET(self) -> None:
+        parts = urlsplit(self.path)
+        if parts.path in PROBE_PATHS:
+            self._text(200, "OK\n")
+            return
         if not self._authorized():
             self._text(401, "gatewayscope exporter: authentication required\n",
                        {"WWW-Authenticate": 'Basic realm="gatewayscope exporter", charset="UTF-8"'})
             return
-        parts = urlsplit(self.path)
         exporter = self.server.exporter
         try:
             if parts.path == "/metrics":
@@ -301,8 +307,6 @@ class _Handler(BaseHTTPRequestHandler):
                 # every request got past _authorized: with basic auth configured, this one carried it
                 page = exporter.landing_page(detailed=self.server.basic_auth is not None)
                 self._send(200, page.encode(), "text/html; charset=utf-8")
-            elif parts.path == "/-/healthy":
-                self._text(200, "OK\n")
             else:
                 self._text(404, f"gatewayscope exporter: no page {parts.path}; see / for the paths.\n")
         except (BrokenPipeError, ConnectionResetError):
@@ -510,8 +514,7 @@ def make_server(config: Config, settings: ExporterSettings, *, listen: str | Non
         host, port = parse_listen(address)
     except ValueError as err:
         raise ConfigError(f"listen: {err}") from None
-    basic_auth = (settings.basic_auth_username, settings.resolve_password()) \
-        if settings.basic_auth_username is not None else None
+    basic_auth = (settings.resolve_username(), settings.resolve_password()) if settings.basic_auth else None
     context = settings.ssl_context()
     exporter = Exporter(config, settings, reader=reader, transports=transports)
     try:

@@ -14,12 +14,13 @@
                                            # between read only the rows added since (0: always whole)
     tls_cert_file = "/etc/gatewayscope/tls.crt"   # both or neither: serve HTTPS
     tls_key_file = "/etc/gatewayscope/tls.key"
-    basic_auth_username = "prometheus"             # with exactly one of:
+    basic_auth_username = "prometheus"             # (or basic_auth_username_file) with exactly one of:
     basic_auth_password_env = "GATEWAYSCOPE_EXPORTER_PASSWORD"
     # basic_auth_password_file = "/run/secrets/gatewayscope-exporter"
 
 A password never comes from the file itself or the command line: only from the environment variable
-or the file it names, read once when the exporter starts.
+or the file it names, read once when the exporter starts. Every ``*_file`` key may name a systemd
+credential as ``$CREDENTIALS_DIRECTORY/NAME`` (:func:`gatewayscope.config.credential_path`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from __future__ import annotations
 import os
 import ssl
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from gatewayscope.config import credential_path, read_secret_file
 from gatewayscope.errors import ConfigError
 
 DEFAULT_LISTEN = "127.0.0.1:9465"
@@ -51,6 +52,7 @@ EXPORTER_KEYS = (
     "tls_cert_file",
     "tls_key_file",
     "basic_auth_username",
+    "basic_auth_username_file",
     "basic_auth_password_env",
     "basic_auth_password_file",
     "discovery_dir",
@@ -75,6 +77,8 @@ class ExporterSettings:
     #: a directory where guarded gateways announce themselves (``gatewayscope guard run --discovery-dir``): each
     #: becomes an rLLM target while its process runs
     discovery_dir: str | None = None
+    #: a file holding the username instead of ``basic_auth_username`` (a Kubernetes basic-auth Secret's key)
+    basic_auth_username_file: str | None = None
 
     @property
     def tls(self) -> bool:
@@ -84,7 +88,15 @@ class ExporterSettings:
     @property
     def basic_auth(self) -> bool:
         """Whether every request must carry Basic credentials."""
-        return self.basic_auth_username is not None
+        return self.basic_auth_username is not None or self.basic_auth_username_file is not None
+
+    def resolve_username(self) -> str:
+        """The basic-auth username: ``basic_auth_username``, or read now from ``basic_auth_username_file``."""
+        if self.basic_auth_username is not None:
+            return self.basic_auth_username
+        if self.basic_auth_username_file:
+            return read_secret_file(self.basic_auth_username_file, "exporter.basic_auth_username_file")
+        raise ConfigError("exporter: basic auth needs basic_auth_username or basic_auth_username_file.")
 
     def resolve_password(self) -> str:
         """Read the basic-auth password now (env var or file). Raises ConfigError naming the place."""
@@ -95,14 +107,7 @@ class ExporterSettings:
                                   f"{self.basic_auth_password_env} is not set (or empty).")
             return value
         if self.basic_auth_password_file:
-            try:
-                value = Path(self.basic_auth_password_file).read_text().rstrip("\r\n")
-            except OSError as err:
-                raise ConfigError(f"exporter.basic_auth_password_file: cannot read "
-                                  f"{self.basic_auth_password_file}: {err.strerror or err}.") from None
-            if not value:
-                raise ConfigError(f"exporter.basic_auth_password_file: {self.basic_auth_password_file} is empty.")
-            return value
+            return read_secret_file(self.basic_auth_password_file, "exporter.basic_auth_password_file")
         raise ConfigError("exporter: basic_auth_username needs basic_auth_password_env or basic_auth_password_file.")
 
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -206,14 +211,19 @@ basic_auth_password_env or basic_auth_password_file)
         else:
             values["max_record_series"] = value
 
-    for key in ("tls_cert_file", "tls_key_file", "basic_auth_username", "basic_auth_password_env",
-                "basic_auth_password_file", "discovery_dir"):
+    for key in ("tls_cert_file", "tls_key_file", "basic_auth_username", "basic_auth_username_file",
+                "basic_auth_password_env", "basic_auth_password_file", "discovery_dir"):
         if key in raw:
             value = raw[key]
             if not isinstance(value, str) or not value:
                 add(key, f"expected a non-empty string, got {value!r}")
+            elif key.endswith("_file"):
+                try:
+                    values[key] = credential_path(value)
+                except ValueError as err:
+                    add(key, str(err))
             else:
-                values[key] = os.path.expanduser(value) if key.endswith(("_file", "_dir")) else value
+                values[key] = os.path.expanduser(value) if key.endswith("_dir") else value
 
     cert, key_file = values.get("tls_cert_file"), values.get("tls_key_file")
     if ("tls_cert_file" in raw) != ("tls_key_file" in raw):
@@ -223,12 +233,14 @@ basic_auth_password_env or basic_auth_password_file)
         if path is not None and not os.path.isfile(path):
             add(name, f"no such file: {path}")
 
-    has_user = "basic_auth_username" in raw
+    users = [k for k in ("basic_auth_username", "basic_auth_username_file") if k in raw]
     sources = [k for k in ("basic_auth_password_env", "basic_auth_password_file") if k in raw]
-    if has_user and len(sources) != 1:
-        add("basic_auth_username", "needs exactly one of basic_auth_password_env or basic_auth_password_file")
-    if sources and not has_user:
-        add(sources[0], "needs basic_auth_username as well")
+    if len(users) > 1:
+        add("basic_auth_username_file", "give basic_auth_username or basic_auth_username_file, not both")
+    if users and len(sources) != 1:
+        add(users[0], "needs exactly one of basic_auth_password_env or basic_auth_password_file")
+    if sources and not users:
+        add(sources[0], "needs basic_auth_username (or basic_auth_username_file) as well")
 
     if problems:
         raise ConfigError(problems)

@@ -351,6 +351,56 @@ def test_basic_auth(gateways: dict[str, str], serve: Callable[..., ExporterServe
     assert get(parse(response.text), "gatewayscope_up", target="good", kind="rllm") == 1
 
 
+def test_the_probe_paths_answer_without_basic_auth_and_say_nothing_else(
+        gateways: dict[str, str], serve: Callable[..., ExporterServer], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kubelet's liveness and readiness probes carry no credentials: /-/healthy and /-/ready answer them,
+    and only with OK; every other path still asks for the password."""
+    monkeypatch.setenv("GS_TEST_EXPORTER_PASSWORD", "s3cret-pw")
+    config, settings = config_for({"good": gateways["good"]}, basic_auth_username="prometheus",
+                                  basic_auth_password_env="GS_TEST_EXPORTER_PASSWORD")
+    server = serve(config, settings)
+    for path in ("/-/healthy", "/-/ready", "/-/ready?verbose=1"):
+        response = scrape(server.url, path)
+        assert (response.status_code, response.text) == (200, "OK\n"), path
+        assert "good" not in response.text
+    for path in ("/-/healthy/", "/-/other", "/metrics"):
+        assert scrape(server.url, path).status_code == 401, path
+    assert scrape(server.url, "/-/other", auth=("prometheus", "s3cret-pw")).status_code == 404
+    head = httpx.head(f"{server.url}/-/ready", timeout=CLIENT_TIMEOUT)
+    assert head.status_code == 200 and head.content == b""
+
+
+def test_basic_auth_username_and_password_from_files(gateways: dict[str, str], serve: Callable[..., ExporterServer],
+                                                     tmp_path: Path) -> None:
+    """The chart mounts a basic-auth Secret's username and password keys as files."""
+    (tmp_path / "username").write_text("scraper\n")
+    (tmp_path / "password").write_text("from-a-file\n")
+    config, settings = config_for({"good": gateways["good"]}, basic_auth_username_file=str(tmp_path / "username"),
+                                  basic_auth_password_file=str(tmp_path / "password"))
+    server = serve(config, settings)
+    assert scrape(server.url).status_code == 401
+    assert scrape(server.url, auth=("prometheus", "from-a-file")).status_code == 401
+    response = scrape(server.url, auth=("scraper", "from-a-file"))
+    assert response.status_code == 200
+    assert get(parse(response.text), "gatewayscope_up", target="good", kind="rllm") == 1
+
+
+def test_an_unreadable_or_empty_credential_file_is_one_sentence_without_the_secret(
+        gateways: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "password").write_text("hunter2\n")
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    cases = {str(tmp_path / "missing"): "cannot read", str(empty): "is empty", str(tmp_path): "cannot read"}
+    for username_file, expected in cases.items():
+        config, settings = config_for({"good": gateways["good"]}, basic_auth_username_file=username_file,
+                                      basic_auth_password_file=str(tmp_path / "password"))
+        with pytest.raises(ConfigError) as caught:
+            make_server(config, settings)
+        message = str(caught.value)
+        assert message.startswith("exporter.basic_auth_username_file: ") and expected in message, message
+        assert username_file in message and "hunter2" not in message and "\n" not in message
+
+
 def test_basic_auth_password_missing_is_a_config_error(gateways: dict[str, str],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GS_TEST_EXPORTER_PASSWORD", raising=False)

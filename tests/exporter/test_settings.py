@@ -50,7 +50,8 @@ def test_every_problem_is_one_line() -> None:
         "g.toml: exporter.colour: unknown key; expected one of listen, min_interval_seconds, max_record_series, "
         "default_scrape_timeout_seconds, scrape_timeout_margin_seconds, full_read_interval_seconds, tls_cert_file, "
         "tls_key_file, "
-        "basic_auth_username, basic_auth_password_env, basic_auth_password_file, discovery_dir",
+        "basic_auth_username, basic_auth_username_file, basic_auth_password_env, basic_auth_password_file, "
+        "discovery_dir",
         "g.toml: exporter.listen: expected HOST:PORT like '127.0.0.1:9465', got '9465'",
         "g.toml: exporter.min_interval_seconds: expected a number of seconds >= 0, got '15'",
         "g.toml: exporter.default_scrape_timeout_seconds: expected a positive number of seconds, got 0",
@@ -59,7 +60,7 @@ def test_every_problem_is_one_line() -> None:
         "g.toml: exporter.max_record_series: expected a whole number >= 0, got 2.5",
         "g.toml: exporter.tls_key_file: expected a non-empty string, got ''",
         "g.toml: exporter.tls_cert_file: TLS needs both tls_cert_file and tls_key_file",
-        "g.toml: exporter.basic_auth_password_env: needs basic_auth_username as well",
+        "g.toml: exporter.basic_auth_password_env: needs basic_auth_username (or basic_auth_username_file) as well",
     ]
     assert all("\n" not in line for line in lines)
 
@@ -102,3 +103,42 @@ def test_read_budget() -> None:
     assert read_budget(None, settings) == 9.5
     for junk in ("", "abc", "-3", "0", "nan", "inf"):
         assert read_budget(junk, settings) == 9.5
+
+
+def test_file_keys_name_systemd_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``$CREDENTIALS_DIRECTORY/NAME`` is NAME in the folder systemd's LoadCredential= fills."""
+    (tmp_path / "exporter-user").write_text("prom\n")
+    (tmp_path / "exporter-password").write_text("from-systemd\n")
+    (tmp_path / "tls.crt").write_text("x")
+    (tmp_path / "tls.key").write_text("y")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    settings = parse_exporter_settings({
+        "basic_auth_username_file": "$CREDENTIALS_DIRECTORY/exporter-user",
+        "basic_auth_password_file": "${CREDENTIALS_DIRECTORY}/exporter-password",
+        "tls_cert_file": "$CREDENTIALS_DIRECTORY/tls.crt", "tls_key_file": "$CREDENTIALS_DIRECTORY/tls.key",
+    })
+    assert settings.basic_auth and settings.basic_auth_username is None
+    assert settings.basic_auth_password_file == str(tmp_path / "exporter-password")
+    assert settings.tls_key_file == str(tmp_path / "tls.key")
+    assert (settings.resolve_username(), settings.resolve_password()) == ("prom", "from-systemd")
+    # only that variable is expanded, and only at the start of the path
+    other = parse_exporter_settings({"basic_auth_username": "p", "basic_auth_password_file": "/x/$HOME/pw"})
+    assert other.basic_auth_password_file == "/x/$HOME/pw"
+
+
+def test_a_credential_without_the_credentials_folder_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    lines = problems({"basic_auth_username": "p", "basic_auth_password_file": "$CREDENTIALS_DIRECTORY/pw"})
+    assert lines == ["g.toml: exporter.basic_auth_password_file: names $CREDENTIALS_DIRECTORY, which is not set "
+                     "(systemd sets it for a service with LoadCredential=); run it under such a unit or give the "
+                     "file's own path"]
+
+
+def test_one_username_source_only() -> None:
+    lines = problems({"basic_auth_username": "p", "basic_auth_username_file": "/run/u",
+                      "basic_auth_password_env": "PW"})
+    assert lines == ["g.toml: exporter.basic_auth_username_file: give basic_auth_username or "
+                     "basic_auth_username_file, not both"]
+    lines = problems({"basic_auth_username_file": "/run/u"})
+    assert lines == ["g.toml: exporter.basic_auth_username_file: needs exactly one of basic_auth_password_env or "
+                     "basic_auth_password_file"]

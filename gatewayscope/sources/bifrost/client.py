@@ -54,9 +54,15 @@ def auth_source_text(auth: AuthConfig) -> str:
     the username from the environment variable BF_USER and the password from the environment variable BF_PASS
     >>> auth_source_text(AuthConfig(username="admin", password_file="/run/secrets/bf"))
     'the username from the config file and the password from the file /run/secrets/bf'
+    >>> auth_source_text(AuthConfig(username_file="/run/secrets/user", password_file="/run/secrets/bf"))
+    'the username from the file /run/secrets/user and the password from the file /run/secrets/bf'
     """
-    user = f"the environment variable {auth.username_env}" if auth.username is None and auth.username_env \
-        else "the config file"
+    if auth.username is not None:
+        user = "the config file"
+    elif auth.username_env:
+        user = f"the environment variable {auth.username_env}"
+    else:
+        user = f"the file {auth.username_file}"
     password = f"the environment variable {auth.password_env}" if auth.password_env \
         else f"the file {auth.password_file}"
     return f"the username from {user} and the password from {password}"
@@ -131,8 +137,8 @@ class BifrostApi(HttpClient):
             else:
                 sentence = (f"Bifrost at {self.base_url} requires credentials for {method} {path} "
                             f"(HTTP {status}: {message}) and none are configured for this target: add a "
-                            "[targets.auth] table with username or username_env and password_env or "
-                            "password_file.")
+                            "[targets.auth] table with username, username_env or username_file and "
+                            "password_env or password_file.")
             err.args = (sentence,)
             return err
         if status == 404:
