@@ -19,6 +19,7 @@ from gatewayscope.snapshot import RECORDS_SCHEMA, BifrostData, frame_from_rows
 from gatewayscope.sources._gcpause import gc_paused
 from gatewayscope.sources.bifrost.client import BifrostApi, describe_json
 from gatewayscope.sources.bifrost.dns import DEFAULT_RESOLVER, HostResolver, base_url_host
+from gatewayscope.sources.bifrost.metrics import read_runtime_metrics
 from gatewayscope.sources.bifrost.redact import POOL_FIELDS, record_fingerprint, redact_url, safe_client_config
 
 #: the gateway's defaults when a record leaves its pool unset (core DefaultConcurrency/DefaultBufferSize)
@@ -140,8 +141,10 @@ def read_bifrost(
 ) -> BifrostData:
     """Read one Bifrost gateway into a :class:`BifrostData` (sanitized records, safe client settings).
 
-    Lists the provider records, reads the global config, health and version, and checks whether each
-    distinct base URL host resolves from here (``target.concurrency`` lookups at once, each bounded).
+    Lists the provider records, reads the global config, health and version, the gateway's own runtime
+    metrics (optional: a failure there is kept as ``runtime_error`` and the read goes on; see
+    :mod:`~gatewayscope.sources.bifrost.metrics`), and checks whether each distinct base URL host resolves
+    from here (``target.concurrency`` lookups at once, each bounded).
     ``resolver`` is a :class:`HostResolver`, or a plain ``lookup(host)`` callable that raises when the
     host does not resolve (wrapped in a fresh resolver without the process cache); ``now`` (epoch
     seconds, the snapshot's time) stamps and ages the DNS cache. ``policy`` is accepted for symmetry
@@ -162,6 +165,8 @@ def read_bifrost(
             version: str | None = client.version()
         except (HTTPStatusError, BadResponseError):
             version = None
+    auth = target.auth.resolve() if target.auth is not None else None
+    runtime, runtime_error = read_runtime_metrics(target, transport=transport, auth=auth)
     with gc_paused():
         records = frame_from_rows([record_row(record, fingerprint=fingerprints) for record in providers],
                                   RECORDS_SCHEMA)
@@ -184,4 +189,6 @@ def read_bifrost(
         version=version,
         health=health,
         auth_enabled=auth_enabled if isinstance(auth_enabled, bool) else None,
+        runtime=runtime,
+        runtime_error=runtime_error,
     )
