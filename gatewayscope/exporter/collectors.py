@@ -136,9 +136,11 @@ _SPECS: tuple[MetricSpec, ...] = (
                "1 for the state of the gateway's runtime metrics at the last read, else 0: trusted (the measured "
                "model is used), untrusted (they do not match the records' parked workers: the band is used), "
                "absent (not read, or no usable answer: the band is used)."),
-    MetricSpec("gatewayscope_bifrost_kubernetes_info", "gauge", ("target", "namespace", "pod", "container"),
+    MetricSpec("gatewayscope_bifrost_kubernetes_info", "gauge",
+               ("target", "gateway_namespace", "gateway_pod", "gateway_container"),
                "Always 1: the gateway's pod as the target's [targets.kubernetes] table names it (empty labels "
-               "when it names none), for joining kube-state-metrics' container memory limit."),
+               "when it names none), for joining kube-state-metrics' container memory limit; gateway_ names, "
+               "so a scrape's own namespace, pod and container target labels cannot collide with them."),
     MetricSpec("gatewayscope_exporter_snapshot_age_seconds", "gauge", ("target",),
                "Seconds since the read behind this scrape's values of the target started (absent when the "
                "scrape missed its deadline)."),

@@ -313,7 +313,8 @@ def test_the_contract_names_are_exactly_those_of_the_design() -> None:
         "gatewayscope_bifrost_measured_baseline_bytes": ("target",),
         "gatewayscope_bifrost_boot_memory_calibration_error_ratio": ("target",),
         "gatewayscope_bifrost_runtime_metrics_status": ("target", "status"),
-        "gatewayscope_bifrost_kubernetes_info": ("target", "namespace", "pod", "container"),
+        "gatewayscope_bifrost_kubernetes_info": ("target", "gateway_namespace", "gateway_pod",
+                                                  "gateway_container"),
     }
     assert {name: METRICS[name].labels for name in CONTRACT_METRICS} == design
     assert METRICS["gatewayscope_trace_store_dropped_writes_total"].type == "counter"
@@ -338,8 +339,8 @@ def test_the_measured_figures_and_the_model_used() -> None:
     assert {labels: v for (name, labels), v in found.items() if name == "gatewayscope_bifrost_runtime_metrics_status"} \
         == {(("status", s), ("target", "bifrost")): 1.0 if s == "trusted" else 0.0
             for s in ("trusted", "untrusted", "absent")}
-    assert value(found, "gatewayscope_bifrost_kubernetes_info", target="bifrost", namespace="llm", pod="bifrost-0",
-                 container="bifrost") == 1.0
+    assert value(found, "gatewayscope_bifrost_kubernetes_info", target="bifrost", gateway_namespace="llm",
+                 gateway_pod="bifrost-0", gateway_container="bifrost") == 1.0
 
 
 def test_untrusted_and_absent_metrics_give_the_band() -> None:
@@ -352,8 +353,8 @@ def test_untrusted_and_absent_metrics_give_the_band() -> None:
     absent = samples(exposition([TargetResult(BIFROST, bifrost_snapshot(3, runtime_error="404"), "read", 0.0)]))
     assert value(absent, "gatewayscope_bifrost_runtime_metrics_status", target="bifrost", status="absent") == 1.0
     assert not any(name == "gatewayscope_bifrost_goroutines" for name, _ in absent)
-    assert value(absent, "gatewayscope_bifrost_kubernetes_info", target="bifrost", namespace="", pod="",
-                 container="") == 1.0
+    assert value(absent, "gatewayscope_bifrost_kubernetes_info", target="bifrost", gateway_namespace="",
+                 gateway_pod="", gateway_container="") == 1.0
 
 
 # -- the findings cache: a scrape served from the per-target cache does not analyse again ------------
