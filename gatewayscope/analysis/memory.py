@@ -26,6 +26,7 @@ The measured verdict: "no" when P is over the memory limit, "at risk" when P plu
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,8 @@ SHORTFALL_MIN = 64
 SHORTFALL_RATIO = 0.01
 #: the least headroom a measured "yes" keeps below the limit, as a fraction of the prediction
 MEASURED_MARGIN = 0.05
+#: of the memory limit, kept free while records are resized (requests and the runtime allocate meanwhile)
+SHRINK_RESERVE_RATIO = 0.1
 _MIB = 1024 * 1024
 
 
@@ -235,3 +238,56 @@ records of this average size; the model predicts the running gateway within 0.4%
             f"stack each, {_mib(measured['baseline_bytes'])} besides their stacks); a restart would need "
             f"{_mib(figures['predicted_bytes'])}, {verdict}{tail}; the model predicts the running gateway within "
             f"{abs(float(measured['calibration_error_ratio'])):.1%}.")
+
+
+@dataclass(frozen=True)
+class ShrinkConcurrency:
+    """How many records of one gateway apply resizes at once, and why."""
+
+    concurrency: int
+    reason: str
+    #: the memory the transients may use: limit - resident - reserve (None: unknown)
+    headroom_bytes: int | None = None
+
+
+def shrink_concurrency(new_pools: Sequence[int], *, requested: int, memory_limit_bytes: int,
+                       measured: MeasuredFigures | None) -> ShrinkConcurrency:
+    """How many pool resizes of one gateway may run at once so that their transient stays within its memory.
+
+    A provider update may start the record's new pool before its old one retires (the issue's newest core;
+    the emulator's ``update_overlap``): for a moment the record runs both. Its old pool is already in what
+    the gateway holds, so k resizes at once add their k new pools: the k largest of ``new_pools`` (workers)
+    at the measured stack per goroutine must fit in the headroom, the limit minus the resident memory minus a
+    reserve of :data:`SHRINK_RESERVE_RATIO` of the limit. Without trusted measured figures the headroom is
+    unknown, and when not even the largest new pool fits it is too small: one record at a time.
+
+    >>> m = MeasuredFigures(goroutines=10_064, stack_inuse_bytes=10_064 * 8192, resident_memory_bytes=400 * _MIB,
+    ...                     stack_bytes_per_goroutine=8192.0, baseline_bytes=0, other_goroutines=64,
+    ...                     calibration_error_ratio=0.0, trusted=True, untrusted_reason=None)
+    >>> shrink_concurrency([64] * 10, requested=8, memory_limit_bytes=512 * _MIB, measured=m).concurrency
+    8
+    >>> shrink_concurrency([4000, 4000, 4000], requested=8, memory_limit_bytes=512 * _MIB, measured=m).concurrency
+    1
+    >>> print(shrink_concurrency([64], requested=4, memory_limit_bytes=512 * _MIB, measured=None).reason)
+    one record at a time: the gateway's memory headroom is unknown (no trusted runtime metrics)
+    """
+    requested = max(1, requested)
+    if measured is None or not measured.trusted:
+        return ShrinkConcurrency(1, "one record at a time: the gateway's memory headroom is unknown (no trusted "
+                                    "runtime metrics)")
+    per_worker = measured.stack_bytes_per_goroutine
+    headroom = memory_limit_bytes - measured.resident_memory_bytes - round(SHRINK_RESERVE_RATIO * memory_limit_bytes)
+    costs = sorted((max(0, n) * per_worker for n in new_pools), reverse=True)
+    fits, total = 0, 0.0
+    for cost in costs:
+        if total + cost > headroom:
+            break
+        total += cost
+        fits += 1
+    room = f"{max(0, headroom) / _MIB:,.1f} MiB of headroom (the limit less the resident memory and a reserve)"
+    if fits == 0:
+        return ShrinkConcurrency(1, f"one record at a time: {room} does not hold even the largest new pool at "
+                                    f"{per_worker:,.0f} bytes per worker", headroom)
+    concurrency = min(requested, fits)
+    return ShrinkConcurrency(concurrency, f"{concurrency} at a time: {room} holds the new pools of the "
+                                          f"{fits:,} largest resizes at {per_worker:,.0f} bytes per worker", headroom)

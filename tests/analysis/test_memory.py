@@ -8,6 +8,7 @@ import pytest
 from gatewayscope.analysis.memory import (
     BAND,
     MEASURED,
+    MeasuredFigures,
     boot_memory,
     boot_memory_sentence,
     goroutine_tolerance,
@@ -110,3 +111,36 @@ def test_the_sentence_says_over_the_limit() -> None:
     sentence = boot_memory_sentence(memory.to_json())
     assert "a restart would need 142.1 MiB, over its 64.0 MiB memory limit;" in sentence
     assert "crossed at" not in sentence
+
+
+def trusted(resident: int, stack: float = 8192.0) -> MeasuredFigures:
+    return MeasuredFigures(goroutines=1000, stack_inuse_bytes=1000 * int(stack), resident_memory_bytes=resident,
+                           stack_bytes_per_goroutine=stack, baseline_bytes=0, other_goroutines=0,
+                           calibration_error_ratio=0.0, trusted=True, untrusted_reason=None)
+
+
+@pytest.mark.parametrize("pools,requested,expected", [
+    ([1000] * 8, 8, 3),       # headroom 30.4 MiB: three 7.8 MiB pools fit, four do not
+    ([1000] * 8, 2, 2),       # never more than asked
+    ([4000, 100, 100], 8, 1),  # the largest (31.25 MiB) does not fit: one at a time
+    ([64] * 4, 8, 4),
+])
+def test_shrink_concurrency_fits_the_largest_new_pools_in_the_headroom(pools: list[int], requested: int,
+                                                                      expected: int) -> None:
+    from gatewayscope.analysis.memory import shrink_concurrency
+
+    # limit 512 MiB, reserve 51.2 MiB: 512 - 430.4 - 51.2 = 30.4 MiB of headroom
+    limit = 512 * MIB
+    resident = limit - round(0.1 * limit) - round(30.4 * MIB)
+    assert shrink_concurrency(pools, requested=requested, memory_limit_bytes=limit,
+                              measured=trusted(resident)).concurrency == expected
+
+
+def test_shrink_concurrency_without_trusted_figures_is_one() -> None:
+    from dataclasses import replace
+
+    from gatewayscope.analysis.memory import shrink_concurrency
+
+    untrusted = replace(trusted(10 * MIB), trusted=False, untrusted_reason="lies")
+    result = shrink_concurrency([1] * 8, requested=8, memory_limit_bytes=512 * MIB, measured=untrusted)
+    assert result.concurrency == 1 and "unknown" in result.reason
