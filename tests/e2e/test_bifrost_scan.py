@@ -468,3 +468,24 @@ def test_only_a_scan_that_keeps_its_snapshot_pays_for_plan_fingerprints(
     with BifrostClient(emulator.url) as client:
         for action in shrinks:
             assert action.fingerprint == real(client.get_provider(action.subject), exclude=bifrost.POOL_FIELDS)
+
+
+def test_the_runtime_figures_survive_a_snapshot_round_trip(tmp_path: Any) -> None:
+    """A saved snapshot keeps the measured figures (or the reason there are none): the analysis of a loaded
+    snapshot gives the same boot memory."""
+    from gatewayscope.config import Config
+    from gatewayscope.scan import scan_report, take_snapshot
+    from gatewayscope.snapshot import Snapshot
+
+    with BifrostEmulator() as on, BifrostEmulator(options=EmulatorOptions(metrics_enabled=False)) as off:
+        seed_small(on)
+        seed_small(off)
+        config = Config(targets=[Target(name="on", kind="bifrost", url=on.url),
+                                 Target(name="off", kind="bifrost", url=off.url)], policy=Policy())
+        snapshot = take_snapshot(config)
+    loaded = Snapshot.load(snapshot.save(tmp_path / "snap"))
+    assert loaded.target("on").bifrost.runtime == snapshot.target("on").bifrost.runtime is not None  # type: ignore[union-attr]
+    assert loaded.target("off").bifrost.runtime_error == snapshot.target("off").bifrost.runtime_error  # type: ignore[union-attr]
+    before = {t["name"]: t["boot_memory"] for t in scan_report(snapshot, config)["targets"]}
+    after = {t["name"]: t["boot_memory"] for t in scan_report(loaded, config)["targets"]}
+    assert before == after and before["on"]["model"] == "measured" and before["off"]["model"] == "band"
