@@ -5,6 +5,7 @@ unusable or hostile, each a sentence and the band as the fallback, never a faile
 from __future__ import annotations
 
 import base64
+import threading
 import time
 
 import httpx
@@ -31,6 +32,29 @@ def test_the_emulators_metrics_are_read_into_the_snapshot() -> None:
     assert data.runtime.stack_inuse_bytes == 9586 * 5000
     assert data.runtime.resident_memory_bytes == runtime["resident_memory_bytes"]
     assert data.runtime.heap_inuse_bytes is not None and data.runtime.url.endswith("/metrics")
+
+
+def test_the_metrics_are_read_while_the_management_api_is() -> None:
+    """The metrics request is out before the listing is answered: the listing's handler waits (bounded) for
+    it, so a read that asked for the metrics only after the management API would find it never came."""
+    metrics_asked = threading.Event()
+    listing_saw_metrics: list[bool] = []
+    with BifrostEmulator() as emu, httpx.Client() as upstream:
+        seed_small(emu)
+
+        def forward(request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/metrics":
+                metrics_asked.set()
+            elif request.url.path == "/api/providers":
+                listing_saw_metrics.append(metrics_asked.wait(5.0))
+            answer = upstream.request(request.method, str(request.url), content=request.content)
+            return httpx.Response(answer.status_code, content=answer.content,
+                                  headers={"content-type": answer.headers.get("content-type", "text/plain")})
+
+        data = read_bifrost(Target(name="b", kind="bifrost", url=emu.url), Policy(),
+                            transport=httpx.MockTransport(forward))
+    assert data.runtime_error is None and data.runtime is not None and data.records.height == 12
+    assert listing_saw_metrics == [True]
 
 
 def test_with_auth_on_the_management_credentials_are_sent(monkeypatch: pytest.MonkeyPatch) -> None:

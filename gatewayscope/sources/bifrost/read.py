@@ -8,6 +8,7 @@ each distinct base URL host resolves from here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -130,6 +131,23 @@ def record_row(record: dict[str, Any], *, fingerprint: bool = True) -> dict[str,
     }
 
 
+def _read_management(target: Target, transport: httpx.BaseTransport | None
+                     ) -> tuple[list[dict[str, Any]], dict[str, Any], str | None, str | None]:
+    """(providers, config, health, version) from the management API."""
+    with reader_for(target, transport=transport) as client:
+        providers = client.list_providers()
+        config = client.get_config()
+        try:
+            health: str | None = client.health()
+        except (HTTPStatusError, BadResponseError) as err:
+            health = f"unhealthy: {err}"
+        try:
+            version: str | None = client.version()
+        except (HTTPStatusError, BadResponseError):
+            version = None
+    return providers, config, health, version
+
+
 def read_bifrost(
     target: Target,
     policy: Policy,
@@ -154,19 +172,12 @@ def read_bifrost(
     version check is recorded in ``health``/``version``.
     """
     del policy  # the read is the same under every policy
-    with reader_for(target, transport=transport) as client:
-        providers = client.list_providers()
-        config = client.get_config()
-        try:
-            health: str | None = client.health()
-        except (HTTPStatusError, BadResponseError) as err:
-            health = f"unhealthy: {err}"
-        try:
-            version: str | None = client.version()
-        except (HTTPStatusError, BadResponseError):
-            version = None
+    # the metrics come from another route (or host): read them while the management API is read
     auth = target.auth.resolve() if target.auth is not None else None
-    runtime, runtime_error = read_runtime_metrics(target, transport=transport, auth=auth)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gatewayscope-bifrost-metrics") as pool:
+        metrics = pool.submit(read_runtime_metrics, target, transport=transport, auth=auth)
+        providers, config, health, version = _read_management(target, transport)
+        runtime, runtime_error = metrics.result()
     with gc_paused():
         records = frame_from_rows([record_row(record, fingerprint=fingerprints) for record in providers],
                                   RECORDS_SCHEMA)
