@@ -48,10 +48,16 @@ CALLS_PER_ACTION = 2  # the fresh read, then the write
 RATIO_TARGET = 1.25
 
 
+#: the emulated gateway holds about 15 GiB at the full size (2,000 records x 1,000 workers x 8 KiB of stack): a
+#: memory limit with room for it, so apply's memory-headroom rule lets the resizes run CONCURRENCY at once
+MEMORY_LIMIT_BYTES = 64 << 30
+
+
 def _config(url: str) -> Any:
     from gatewayscope.config import Config, Policy, Target
 
-    return Config(targets=[Target(name="bifrost", kind="bifrost", url=url, timeout_seconds=60.0)], policy=Policy())
+    return Config(targets=[Target(name="bifrost", kind="bifrost", url=url, timeout_seconds=60.0,
+                                  memory_limit_bytes=MEMORY_LIMIT_BYTES)], policy=Policy())
 
 
 def _child_plan(url: str, out: str) -> dict[str, Any]:
@@ -83,7 +89,8 @@ def _child_ours(url: str, plan_path: str, journal_path: str, concurrency: int) -
                         journal=Journal(journal_path))
     seconds = time.monotonic() - start
     return {"seconds": seconds, "cpu": time.process_time() - cpu, "peak_rss": peak_rss_bytes(),
-            "tally": report.tally(), "sends": sum(r.sends for r in report.results)}
+            "tally": report.tally(), "sends": sum(r.sends for r in report.results),
+            "shrink_concurrency": report.shrink_concurrency.get("bifrost", {}).get("concurrency")}
 
 
 def _child_bare(url: str, plan_path: str, concurrency: int) -> dict[str, Any]:
@@ -150,6 +157,8 @@ def apply_pool_shrinks(ctx: BenchContext) -> BenchResult:
                 result = run_child(MODULE, "ours", emulator.url, plan_path, journal, str(CONCURRENCY))
             if result["tally"]["done"] != n_actions:
                 raise BenchError(f"apply did not shrink every record: {result['tally']}")
+            if result["shrink_concurrency"] != CONCURRENCY:  # the memory-headroom rule must not throttle here
+                raise BenchError(f"apply resized {result['shrink_concurrency']} at a time, not {CONCURRENCY}")
             ours_runs.append(result)
             with run_emulator(records, dead_fraction=0.0, latency=LATENCY) as emulator:
                 bare = run_child(MODULE, "bare", emulator.url, plan_path, str(CONCURRENCY))

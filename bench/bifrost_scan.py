@@ -6,10 +6,13 @@ What it measures, in one run, against one emulator process:
   with 5,000 records built like its realistic seed (org-scoped custom records, ``__anthropic`` lanes,
   15% of the org connectors with dead ``.invalid`` base URLs, the 1,000-worker default, drifted posture);
 * ours: a cold scan in a fresh child process, as ``gatewayscope scan`` and the exporter read:
-  ``read_bifrost(..., fingerprints=False)`` (list providers, config, health, version, turn every record
-  into a sanitized row, check every distinct base-URL host) and ``bifrost_summary`` (kinds, parked
-  workers, boot memory, pools, posture, unreachable records);
-* baseline: a bare ``GET /api/providers`` + ``json.loads`` with httpx, in a fresh child process.
+  ``read_bifrost(..., fingerprints=False)`` (list providers, config, health, version, the gateway's own
+  runtime metrics beside them, turn every record into a sanitized row, check every distinct base-URL host)
+  and ``bifrost_summary`` (kinds, parked workers, boot memory measured and as the band, pools, posture,
+  unreachable records);
+* baseline: the two answers the scan cannot do without, bare, in a fresh child process: ``GET /api/providers``
+  + ``json.loads`` with httpx, and beside it (in a second thread, as the scan reads them) ``GET /metrics``.
+  Also measured, as a figure: the listing alone (the baseline before the scan read the metrics).
 
 DNS: both the emulator and the scan get an instant stand-in resolver (see ``bench._support``); this
 machine's resolver loses some ``.invalid`` lookups to a 5 s timeout, which would measure the network.
@@ -17,7 +20,7 @@ machine's resolver loses some ``.invalid`` lookups to a 5 s timeout, which would
 Also measured, as a figure: the read a plan makes (``gatewayscope plan``, a notebook scan, ``scan
 --save-snapshot``), which adds each record's plan fingerprint (sha256 of its canonical sanitized JSON).
 
-Children: ``python -m bench.bifrost_scan ours|ours-for-plan URL`` / ``bare URL``.
+Children: ``python -m bench.bifrost_scan ours|ours-for-plan URL`` / ``bare|bare-listing URL``.
 """
 
 from __future__ import annotations
@@ -59,35 +62,40 @@ def _child_ours(url: str, fingerprints: bool = False) -> dict[str, Any]:
     seconds = time.monotonic() - start
     return {"seconds": seconds, "peak_rss": peak_rss_bytes(), "records": data.records.height,
             "unreachable": summary["unreachable_records"], "hosts": data.reachability.height,
-            "over_pool": sum(summary["records_over_pool"].values())}
+            "over_pool": sum(summary["records_over_pool"].values()), "runtime_error": data.runtime_error}
 
 
-def _child_bare(url: str) -> dict[str, Any]:
+def _child_bare(url: str, with_metrics: bool = True) -> dict[str, Any]:
     import json
+    from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
     start = time.monotonic()
-    with httpx.Client(timeout=120.0) as client:
+    with httpx.Client(timeout=120.0) as client, ThreadPoolExecutor(max_workers=1) as pool:
+        metrics = pool.submit(client.get, f"{url}/metrics") if with_metrics else None
         body = json.loads(client.get(f"{url}/api/providers").content)
+        metrics_bytes = len(metrics.result().raise_for_status().content) if metrics is not None else 0
     seconds = time.monotonic() - start
-    return {"seconds": seconds, "peak_rss": peak_rss_bytes(), "records": len(body["providers"])}
+    return {"seconds": seconds, "peak_rss": peak_rss_bytes(), "records": len(body["providers"]),
+            "metrics_bytes": metrics_bytes}
 
 
 def child_main(argv: Sequence[str]) -> int:
     if len(argv) == 2 and argv[0] in ("ours", "ours-for-plan"):
         emit(_child_ours(argv[1], fingerprints=argv[0] == "ours-for-plan"))
-    elif len(argv) == 2 and argv[0] == "bare":
-        emit(_child_bare(argv[1]))
+    elif len(argv) == 2 and argv[0] in ("bare", "bare-listing"):
+        emit(_child_bare(argv[1], with_metrics=argv[0] == "bare"))
     else:
-        print("usage: python -m bench.bifrost_scan ours|ours-for-plan URL | bare URL", file=sys.stderr)
+        print("usage: python -m bench.bifrost_scan ours|ours-for-plan URL | bare|bare-listing URL", file=sys.stderr)
         return 2
     return 0
 
 
 @register(NAME)
 def bifrost_scan(ctx: BenchContext) -> BenchResult:
-    """Our Bifrost scan + findings vs a bare GET /api/providers + parse, against one emulator."""
+    """Our Bifrost scan + findings vs a bare GET /api/providers + parse beside GET /metrics, against one
+    emulator."""
     from bench._support import run_emulator
 
     n_records = SIZES[ctx.size]
@@ -100,6 +108,8 @@ def bifrost_scan(ctx: BenchContext) -> BenchResult:
             result = run_child(MODULE, "ours", emulator.url)
             if result["records"] != n_records:
                 raise BenchError(f"our scan read {result['records']} records, not {n_records}")
+            if result["runtime_error"] is not None:  # a scan without the metrics read would measure less
+                raise BenchError(f"our scan read no runtime metrics: {result['runtime_error']}")
             return result
 
         def bare() -> dict[str, Any]:
@@ -111,19 +121,24 @@ def bifrost_scan(ctx: BenchContext) -> BenchResult:
         def for_plan() -> dict[str, Any]:
             return run_child(MODULE, "ours-for-plan", emulator.url)
 
+        def listing_only() -> dict[str, Any]:
+            return run_child(MODULE, "bare-listing", emulator.url)
+
         bare(), ours()  # warm-up pair, not counted
         ours_runs: list[dict[str, Any]] = []
         bare_runs: list[dict[str, Any]] = []
         plan_runs: list[dict[str, Any]] = []
+        listing_runs: list[dict[str, Any]] = []
         for i in range(runs):
-            for side in ((bare, ours, for_plan) if i % 2 == 0 else (for_plan, ours, bare)):
+            for side in ((bare, ours, for_plan, listing_only) if i % 2 == 0 else (listing_only, for_plan, ours, bare)):
                 result = side()
-                (ours_runs if side is ours else bare_runs if side is bare else plan_runs).append(result)
+                (ours_runs if side is ours else bare_runs if side is bare else plan_runs if side is for_plan
+                 else listing_runs).append(result)
     ours_s = median([r["seconds"] for r in ours_runs])
     bare_s = median([r["seconds"] for r in bare_runs])
     first = ours_runs[0]
     return BenchResult(
-        name=NAME, row="Bifrost, 5,000 records: scan + findings / bare GET /api/providers + parse",
+        name=NAME, row="Bifrost, 5,000 records: scan + findings / bare GET /api/providers + parse, GET /metrics",
         ours_seconds=ours_s, baseline_seconds=bare_s,
         peak_rss_bytes=max(r["peak_rss"] for r in ours_runs),
         checks=[Check.ratio(ours_s / bare_s, RATIO_TARGET)],
@@ -133,6 +148,9 @@ def bifrost_scan(ctx: BenchContext) -> BenchResult:
                         f"{first['hosts']:,} hosts checked",
             "read for a plan (with fingerprints)": f"{median([r['seconds'] for r in plan_runs]) * 1000:.0f} ms, "
                                                    f"{median([r['seconds'] for r in plan_runs]) / bare_s:.2f}x",
+            "bare listing alone": f"{median([r['seconds'] for r in listing_runs]) * 1000:.0f} ms (ours "
+                                  f"{ours_s / median([r['seconds'] for r in listing_runs]):.2f}x); the metrics "
+                                  f"answer {bare_runs[0]['metrics_bytes']:,} bytes",
             "runs": f"{runs} (ours " + "/".join(f"{r['seconds'] * 1000:.0f}" for r in ours_runs)
                     + ", bare " + "/".join(f"{r['seconds'] * 1000:.0f}" for r in bare_runs) + " ms)",
         },

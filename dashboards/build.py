@@ -62,6 +62,11 @@ DEFAULT_RUNBOOK_BASE_URL = "https://github.com/gatewayscope/gatewayscope/blob/ma
 #: the jobs of the shipped scrape examples: scrape-static.yml's "gatewayscope", and the multi-target and
 #: fleet files' "gatewayscope-targets" and "gatewayscope-exporter"
 DEFAULT_JOB_SELECTOR = 'job=~"gatewayscope|gatewayscope-.*"'
+#: the job kube-prometheus-stack and the kube-state-metrics chart scrape it as
+DEFAULT_KUBE_STATE_METRICS_SELECTOR = 'job="kube-state-metrics"'
+#: kube-state-metrics' container limits, and the labels it knows a container by
+KSM_LIMITS = "kube_pod_container_resource_limits"
+POD_LABELS = ("namespace", "pod", "container")
 
 _LABEL = r"[a-zA-Z_][a-zA-Z0-9_]*"
 _MATCHER = re.compile(rf'\s*({_LABEL})\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*')
@@ -87,6 +92,8 @@ class MixinConfig:
     orphan_growth_threshold: int = 0
     #: the range of the recorded rates (at least four scrape intervals)
     recording_rate_window: str = "5m"
+    #: PromQL label matchers (without braces) that select kube-state-metrics' series (the memory-limit join)
+    kube_state_metrics_selector: str = DEFAULT_KUBE_STATE_METRICS_SELECTOR
     prometheus_rule_name: str = "gatewayscope"
     #: empty: no metadata.namespace (kubectl apply -n decides)
     prometheus_rule_namespace: str = ""
@@ -98,6 +105,7 @@ class MixinConfig:
         matchers = selector_matchers(self.job_selector)
         if "job" not in {label for label, _, _ in matchers}:
             raise ValueError(f"job_selector must match on the job label: {self.job_selector!r}")
+        selector_matchers(self.kube_state_metrics_selector)  # raises on anything but label matchers
         if self.cluster_label and not re.fullmatch(_LABEL, self.cluster_label):
             raise ValueError(f"cluster_label is not a label name: {self.cluster_label!r}")
         if self.cluster_label in {"job", "instance", "target", "kind"}:
@@ -168,6 +176,14 @@ class Selectors:
         """The selector of a rule expression: the job selector (and extra matchers)."""
         return "{" + ", ".join([self.job, *extra]) + "}"
 
+    def ksm(self, *extra: str) -> str:
+        """The selector of kube-state-metrics' series (and extra matchers)."""
+        return "{" + ", ".join([self.config.kube_state_metrics_selector.strip(), *extra]) + "}"
+
+    def pod_join(self) -> str:
+        """The labels the memory-limit join matches a gateway's pod on: the cluster and the gateway_ pod labels."""
+        return ", ".join([*([self.cluster] if self.cluster else []), *(f"gateway_{label}" for label in POD_LABELS)])
+
     def variables(self, *, target: bool = True) -> list[str]:
         """The dashboard variable matchers: cluster, job and target."""
         matchers = [f'{self.cluster}=~"$cluster"'] if self.cluster else []
@@ -210,7 +226,32 @@ def record_names(config: MixinConfig) -> dict[str, str]:
         "dropped": f"gatewayscope:trace_store_dropped_writes:rate{window}",
         "reads": f"gatewayscope:exporter_target_reads:rate{window}",
         "scrapes": f"gatewayscope:exporter_target_scrapes:rate{window}",
+        "limit": "gatewayscope:bifrost_memory_limit_bytes:effective",
+        "limit_ratio": "gatewayscope:bifrost_boot_memory_limit:ratio",
     }
+
+
+def effective_limit_expr(config: MixinConfig) -> str:
+    """Each Bifrost target's memory limit: its container's limit from kube-state-metrics where the target's
+    ``gatewayscope_bifrost_kubernetes_info`` names a pod kube-state-metrics knows, else the configured one;
+    ``limit_source`` says which ("kubernetes" or "config").
+
+    kube-state-metrics' ``namespace``, ``pod`` and ``container`` are copied to ``gateway_namespace``,
+    ``gateway_pod`` and ``gateway_container``, the labels the exporter's info series carries them under (a
+    scrape's own namespace, pod and container target labels cannot collide with those), and the two sides
+    join on them (and the cluster label). ``max`` collapses duplicate kube-state-metrics series (two replicas,
+    a pod recreated under its old name)."""
+    s = Selectors(config)
+    ksm = f"{KSM_LIMITS}{s.ksm(eq('resource', 'memory'))}"
+    for label in POD_LABELS:
+        ksm = f'label_replace(\n  {_indent(ksm).strip()},\n  "gateway_{label}", "$1", "{label}", "(.+)"\n)'
+    kubernetes = (f"max by ({s.by()}) (\n  gatewayscope_bifrost_kubernetes_info{s.rule()}\n"
+                  f"  * on ({s.pod_join()}) group_left ()\n"
+                  f"  max by ({s.pod_join()}) (\n{_indent(_indent(ksm))}\n  )\n)")
+    configured = f"max by ({s.by()}) (\n  gatewayscope_bifrost_memory_limit_bytes{s.rule()}\n)"
+    return (f'label_replace(\n{_indent(kubernetes)},\n  "limit_source", "kubernetes", "", ""\n)\n'
+            f"or on ({s.by()})\n"
+            f'label_replace(\n{_indent(configured)},\n  "limit_source", "config", "", ""\n)')
 
 
 def recording_groups(config: MixinConfig) -> list[dict[str, Any]]:
@@ -228,12 +269,22 @@ def recording_groups(config: MixinConfig) -> list[dict[str, Any]]:
                          f"  rate(gatewayscope_exporter_target_reads_total{s.rule()}[{window}])\n)"),
         (names["scrapes"], f"sum by ({s.by('source')}) (\n"
                            f"  rate(gatewayscope_exporter_target_scrapes_total{s.rule()}[{window}])\n)"),
+        (names["limit"], effective_limit_expr(config)),
+        (names["limit_ratio"], f"gatewayscope_bifrost_boot_memory_predicted_bytes{s.rule()}\n"
+                               f"/ on ({s.by()}) group_left (limit_source)\n{names['limit']}{s.rule()}"),
     ]
     return [{"name": "gatewayscope.rules", "rules": [{"record": name, "expr": Expr(expr)} for name, expr in rules]}]
 
 
 def _indent(expr: str) -> str:
     return "\n".join("  " + line for line in expr.splitlines())
+
+
+def _figure(metric: str, format_: str, extra: str = "") -> str:
+    """An alert annotation's template that shows one of the exporter's series of the alert's target."""
+    selector = f'{metric}{{{extra}job=%q, instance=%q, target=%q}}'
+    return (f'{{{{ with printf `{selector}` $labels.job $labels.instance $labels.target | query }}}}'
+            f'{{{{ . | first | value | {format_} }}}}{{{{ end }}}}')
 
 
 def _alert(config: MixinConfig, name: str, expr: str, duration: str, severity: str, summary: str,
@@ -311,7 +362,28 @@ def alert_groups(config: MixinConfig) -> list[dict[str, Any]]:
                counted apart (gatewayscope_trace_store_kept_after_fence_writes_total), never dropped.""",
                TRIAGE),
     ]
+    predicted_over = (f"(\n  gatewayscope_bifrost_boot_memory_predicted_bytes{s.rule(eq('model', 'measured'))}\n"
+                      f"  / on ({s.by()}) group_left (limit_source)\n  (\n"
+                      f"{_indent(_indent(effective_limit_expr(config)))}\n  )\n)\n> 1")
     bifrost = [
+        _alert(config, "GatewayscopeBifrostBootMemoryPredictedOverLimit", predicted_over, "5m", "critical",
+               "Bifrost {{ $labels.target }} would be killed at its next restart: it would need {{ $value | "
+               "humanizePercentage }} of its memory limit.",
+               """Measured from its own runtime metrics, {{ $labels.target }} would need """
+               + _figure("gatewayscope_bifrost_boot_memory_predicted_bytes", "humanize1024", "model=\"measured\", ")
+               + """B at its next restart, {{ $value | humanizePercentage }} of {{ if eq $labels.limit_source
+               "kubernetes" }}its container's memory limit in Kubernetes{{ else }}the memory limit configured for
+               the target{{ end }}: """
+               + _figure("gatewayscope_bifrost_measured_baseline_bytes", "humanize1024")
+               + """B besides its goroutines' stacks, plus its parked workers at """
+               + _figure("gatewayscope_bifrost_measured_stack_bytes_per_goroutine", "humanize1024")
+               + """B of stack per goroutine (it runs """
+               + _figure("gatewayscope_bifrost_goroutines", "humanize")
+               + """ goroutines now; the model's calibration error is """
+               + _figure("gatewayscope_bifrost_boot_memory_calibration_error_ratio", "humanizePercentage")
+               + """). A restart starts every stored record's workers before it serves, so it would be killed
+               while it boots. Do not restart it: shrink the pools and delete unreachable records first.""",
+               REMEDIATE),
         _alert(config, "GatewayscopeBifrostBootMemoryOverLimit", low_over, "5m", "critical",
                "Bifrost {{ $labels.target }} will not come back after a restart: its parked workers alone exceed "
                "the memory limit.",
@@ -764,6 +836,11 @@ def overview(config: MixinConfig) -> str:
                     "for their kind (standard 512, custom 64 by default).", "short",
                     [(f"sum by (target, kind) (gatewayscope_bifrost_records_over_pool{sel})", "{{target}} {{kind}}")],
                     width=8, links=bifrost)
+    page.stat("Predicted boot memory against the limit", "The boot memory predicted from each gateway's own "
+              "runtime metrics (or the band's high bound without them) over its effective memory limit (the "
+              "container's from kube-state-metrics, else the configured one); above 100 % a restart is killed.",
+              "percentunit", [(f"{names['limit_ratio']}{sel}", "{{target}} ({{model}})")],
+              thresholds=[(None, "green"), (0.9, "orange"), (1, "red")], links=bifrost)
     page.stat("Posture drift", "Client settings away from the safe posture: drop_excess_requests off, "
               "enforce_auth_on_inference on, disable_content_logging on.", "none",
               [(f"gatewayscope_bifrost_posture_drift{sel}", "{{target}} {{setting}}")], mappings=DRIFT_MAPPINGS,
@@ -858,6 +935,39 @@ def bifrost(config: MixinConfig) -> str:
               [(f"gatewayscope_bifrost_memory_limit_bytes{sel} - ignoring(bound) "
                 f"gatewayscope_bifrost_worker_stack_bytes{page.sel(eq('bound', 'high'))}",
                 "{{target}}")], width=6, thresholds=[(None, "red"), (0, "green")])
+    names = record_names(config)
+    page.row("Boot memory, measured")
+    page.timeseries("Predicted boot memory beside the band", "What a restart would need by the model used "
+                    "(measured: what the gateway holds besides its goroutines' stacks plus the parked workers at "
+                    "its measured stack per goroutine; band: 8 KiB per worker when no trusted metrics answer), the "
+                    "band's two bounds, and the memory limit: the container's from kube-state-metrics where the "
+                    "target names its pod, else the configured one.", "bytes",
+                    [(f"gatewayscope_bifrost_boot_memory_predicted_bytes{sel}", "{{target}} predicted ({{model}})"),
+                     (f"gatewayscope_bifrost_worker_stack_bytes{sel}", "{{target}} band ({{bound}})"),
+                     (f"{names['limit']}{sel}", "{{target}} limit ({{limit_source}})")])
+    page.stat("Predicted boot memory against the limit", "The prediction over the effective memory limit; above "
+              "100 % the next restart is killed while it boots (GatewayscopeBifrostBootMemoryPredictedOverLimit).",
+              "percentunit", [(f"{names['limit_ratio']}{sel}", "{{target}} ({{model}}, {{limit_source}})")],
+              width=6, thresholds=[(None, "green"), (0.9, "orange"), (1, "red")])
+    page.stat("Runtime metrics", "The state of each gateway's own runtime metrics: trusted (the measured model "
+              "is used), untrusted (they do not match the records' parked workers) or absent (not read, or no "
+              "usable answer); the band is used unless trusted.", "none",
+              [(f"gatewayscope_bifrost_runtime_metrics_status{sel} == 1", "{{target}} {{status}}")], width=6)
+    page.timeseries("Goroutines and parked workers", "Goroutines the gateway reports, against the workers its "
+                    "records park: far apart, its metrics are not trusted.", "short",
+                    [(f"gatewayscope_bifrost_goroutines{sel}", "{{target}} goroutines"),
+                     (f"sum by (target) (gatewayscope_bifrost_parked_workers{sel})", "{{target}} parked workers")],
+                    width=8)
+    page.timeseries("Resident memory and baseline", "What the gateway holds now, and what it holds besides its "
+                    "goroutines' stacks (the part that does not grow with the records).", "bytes",
+                    [(f"gatewayscope_bifrost_resident_memory_bytes{sel}", "{{target}} resident"),
+                     (f"gatewayscope_bifrost_measured_baseline_bytes{sel}", "{{target}} baseline")], width=8)
+    page.stat("Stack per goroutine", "Measured: stacks in use over goroutines (the band assumes 2 to 8 KiB).",
+              "bytes", [(f"gatewayscope_bifrost_measured_stack_bytes_per_goroutine{sel}", "{{target}}")], width=4)
+    page.stat("Calibration error", "How far the measured model's prediction for the running gateway is from what "
+              "it holds now (its size); near 0 the model can be trusted.", "percentunit",
+              [(f"abs(gatewayscope_bifrost_boot_memory_calibration_error_ratio{sel})", "{{target}}")], width=4,
+              thresholds=[(None, "green"), (0.05, "orange"), (0.2, "red")])
     page.row("Records")
     page.table("Records with the most parked workers", "The records the exporter gives a series "
                "(max_record_series, by parked workers); _other sums the rest per kind.", "short",

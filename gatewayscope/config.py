@@ -14,6 +14,12 @@ The file::
     kind = "bifrost"
     url = "http://127.0.0.1:8080"
     memory_limit_bytes = 536870912
+    metrics_url = "http://127.0.0.1:8080/metrics"   # optional; default: the management API's /metrics
+    read_metrics = true                  # false: never read it (the boot estimate falls back to the band)
+    [targets.kubernetes]                 # optional: the gateway's pod, for the mixin's limit join
+    namespace = "llm"
+    pod = "bifrost-0"
+    container = "bifrost"
     [targets.auth]
     username_env = "BIFROST_ADMIN_USER"   # or username = "admin", or username_file = "/run/secrets/bifrost-user"
     password_env = "BIFROST_ADMIN_PASSWORD"   # or password_file = "/run/secrets/bifrost"
@@ -139,6 +145,15 @@ class AuthConfig:
 
 
 @dataclass(frozen=True)
+class KubernetesPod:
+    """Where a Bifrost gateway runs on Kubernetes: the labels kube-state-metrics gives its container."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True)
 class Target:
     """One gateway to watch."""
 
@@ -153,6 +168,25 @@ class Target:
     concurrency: int = 8
     #: the largest answer read from this target; a larger one is an error that names this setting
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: a Bifrost gateway's Prometheus metrics (its telemetry plugin); None: the management API's ``/metrics``
+    metrics_url: str | None = None
+    #: whether a Bifrost target's metrics are read at all (False: the boot estimate is the band)
+    read_metrics: bool = True
+    #: a Bifrost gateway's pod on Kubernetes (exported as labels for the mixin's memory-limit join)
+    kubernetes: KubernetesPod | None = None
+
+    @property
+    def runtime_metrics_url(self) -> str | None:
+        """The URL a Bifrost target's metrics are read from (None: not read).
+
+        >>> Target(name="b", kind="bifrost", url="http://bifrost:8080").runtime_metrics_url
+        'http://bifrost:8080/metrics'
+        >>> Target(name="b", kind="bifrost", url="http://b:8080", read_metrics=False).runtime_metrics_url is None
+        True
+        """
+        if self.kind != "bifrost" or not self.read_metrics or not self.url:
+            return None
+        return self.metrics_url or self.url + "/metrics"
 
     @property
     def address(self) -> str:
@@ -229,7 +263,10 @@ class Config:
 # -- validation helpers -------------------------------------------------------------------------
 
 _TARGET_KEYS = {"name", "kind", "url", "path", "timeout_seconds", "auth", "memory_limit_bytes", "concurrency",
-                "max_body_bytes"}
+                "max_body_bytes", "metrics_url", "read_metrics", "kubernetes"}
+_KUBERNETES_KEYS = ("namespace", "pod", "container")
+#: a Kubernetes object name (namespaces and containers: DNS-1123 labels; pods: DNS-1123 subdomains)
+_KUBERNETES_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _AUTH_KEYS = {"username", "username_env", "username_file", "password_env", "password_file"}
 #: the auth keys that name a file (``$CREDENTIALS_DIRECTORY/NAME`` allowed: :func:`credential_path`)
 _AUTH_FILE_KEYS = {"username_file", "password_file"}
@@ -293,6 +330,23 @@ def _parse_auth(raw: Any, key: str, problems: _Problems) -> AuthConfig | None:
     return AuthConfig(**values)
 
 
+def _parse_kubernetes(raw: Any, key: str, problems: _Problems) -> KubernetesPod | None:
+    if not isinstance(raw, dict):
+        problems.add(key, "expected a table with namespace, pod and container")
+        return None
+    for extra in sorted(set(raw) - set(_KUBERNETES_KEYS)):
+        problems.add(f"{key}.{extra}", f"unknown key; expected one of {', '.join(_KUBERNETES_KEYS)}")
+    values: dict[str, str] = {}
+    for name in _KUBERNETES_KEYS:
+        value = raw.get(name)
+        if not isinstance(value, str) or not _KUBERNETES_NAME.fullmatch(value):
+            problems.add(f"{key}.{name}", f"expected a Kubernetes name (lowercase letters, digits, '-', '.'), "
+                                          f"got {value!r}")
+        else:
+            values[name] = value
+    return KubernetesPod(**values) if len(values) == len(_KUBERNETES_KEYS) else None
+
+
 def _parse_target(raw: Any, index: int, problems: _Problems) -> Target | None:
     key = f"targets[{index}]"
     if not isinstance(raw, dict):
@@ -336,10 +390,19 @@ def _parse_target(raw: Any, index: int, problems: _Problems) -> Target | None:
     auth = _parse_auth(raw["auth"], f"{key}.auth", problems) if "auth" in raw else None
     if auth is not None and kind == "rllm":
         problems.add(f"{key}.auth", "the rLLM gateway has no authentication; remove this table")
+    for bifrost_only in ("metrics_url", "read_metrics", "kubernetes"):
+        if bifrost_only in raw and kind == "rllm":
+            problems.add(f"{key}.{bifrost_only}", "only a bifrost target has it; remove it")
+    metrics_url = _check_url(raw["metrics_url"], f"{key}.metrics_url", problems) if "metrics_url" in raw else None
+    read_metrics = raw.get("read_metrics", True)
+    if not isinstance(read_metrics, bool):
+        problems.add(f"{key}.read_metrics", f"expected true or false, got {read_metrics!r}")
+    kubernetes = _parse_kubernetes(raw["kubernetes"], f"{key}.kubernetes", problems) if "kubernetes" in raw else None
     if len(problems.lines) > before:
         return None
     return Target(name=name, kind=kind, url=url, path=path, timeout_seconds=float(timeout), auth=auth,  # type: ignore[arg-type]
-                  memory_limit_bytes=limit, concurrency=concurrency, max_body_bytes=max_body)
+                  memory_limit_bytes=limit, concurrency=concurrency, max_body_bytes=max_body,
+                  metrics_url=metrics_url, read_metrics=read_metrics, kubernetes=kubernetes)
 
 
 def _parse_policy(raw: Any, problems: _Problems) -> Policy:

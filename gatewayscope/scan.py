@@ -151,10 +151,12 @@ def target_report(found: TargetFindings) -> dict[str, Any]:
             entry.update(found.summary)
             entry["orphan_sessions"] = found.orphans.to_dicts()
     elif found.records is not None:
+        from gatewayscope.analysis.memory import boot_memory_sentence
         from gatewayscope.analysis.pools import bifrost_sentence
 
         entry.update(found.summary)
         entry["restart_sentence"] = bifrost_sentence(entry)
+        entry["boot_memory_sentence"] = boot_memory_sentence(entry["boot_memory"])
     return entry
 
 

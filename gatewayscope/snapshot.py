@@ -117,6 +117,23 @@ class TraceStoreData:
         return int(self.sessions["trace_count"].sum() or 0) if self.sessions.height else 0
 
 
+@dataclass(frozen=True)
+class RuntimeMetrics:
+    """What a Bifrost gateway's own Prometheus metrics (its telemetry plugin's Go runtime and process
+    collectors) said about its process at the read: goroutines, their stacks, resident memory.
+
+    ``url`` is where they were read (no credentials). The heap and runtime figures are kept when the gateway
+    serves them (None otherwise); the boot-memory model uses the first three.
+    """
+
+    url: str
+    goroutines: float
+    stack_inuse_bytes: float
+    resident_memory_bytes: float
+    heap_inuse_bytes: float | None = None
+    sys_bytes: float | None = None
+
+
 @dataclass
 class BifrostData:
     """What one Bifrost management API reports."""
@@ -127,6 +144,10 @@ class BifrostData:
     version: str | None = None
     health: str | None = None
     auth_enabled: bool | None = None
+    #: the gateway's runtime metrics, when they were read and usable
+    runtime: RuntimeMetrics | None = None
+    #: why there are none (not read, the read failed, or the answer was unusable): a sentence
+    runtime_error: str | None = None
 
 
 @dataclass
@@ -208,6 +229,8 @@ class Snapshot:
                     "version": bif.version,
                     "health": bif.health,
                     "auth_enabled": bif.auth_enabled,
+                    "runtime": dataclasses.asdict(bif.runtime) if bif.runtime is not None else None,
+                    "runtime_error": bif.runtime_error,
                 }
             manifest["targets"].append(entry)
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -254,6 +277,7 @@ class Snapshot:
                     also_read=frozenset(str(sid) for sid in ts_entry.get("also_read") or ()),
                 )
             if bif_entry:
+                runtime = bif_entry.get("runtime")
                 snap.bifrost = BifrostData(
                     records=pl.read_parquet(src / bif_entry["records"]),
                     reachability=pl.read_parquet(src / bif_entry["reachability"]),
@@ -261,6 +285,8 @@ class Snapshot:
                     version=bif_entry.get("version"),
                     health=bif_entry.get("health"),
                     auth_enabled=bif_entry.get("auth_enabled"),
+                    runtime=RuntimeMetrics(**runtime) if isinstance(runtime, dict) else None,
+                    runtime_error=bif_entry.get("runtime_error"),
                 )
             targets.append(snap)
         return cls(taken_at=manifest["taken_at"], targets=targets, tool_version=manifest.get("tool_version", ""))

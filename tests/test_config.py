@@ -293,3 +293,66 @@ def test_deeply_nested_toml_is_one_config_error(tmp_path: Path, opener: str,
     assert main(["scan", "--config", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nested too deeply to read" in err[0] and "Traceback" not in err[0]
+
+
+def test_the_bifrost_metrics_and_kubernetes_keys(tmp_path: Path) -> None:
+    from gatewayscope.config import KubernetesPod
+
+    path = write(tmp_path, """
+        [[targets]]
+        name = "plain"
+        kind = "bifrost"
+        url = "http://bifrost:8080/"
+
+        [[targets]]
+        name = "elsewhere"
+        kind = "bifrost"
+        url = "http://bifrost:8080"
+        metrics_url = "http://bifrost-metrics:9090/telemetry/"
+        [targets.kubernetes]
+        namespace = "llm"
+        pod = "bifrost-0"
+        container = "bifrost"
+
+        [[targets]]
+        name = "off"
+        kind = "bifrost"
+        url = "http://bifrost:8080"
+        read_metrics = false
+    """)
+    plain, elsewhere, off = load_config(path).targets
+    assert plain.runtime_metrics_url == "http://bifrost:8080/metrics" and plain.kubernetes is None
+    assert elsewhere.runtime_metrics_url == "http://bifrost-metrics:9090/telemetry"
+    assert elsewhere.kubernetes == KubernetesPod(namespace="llm", pod="bifrost-0", container="bifrost")
+    assert off.runtime_metrics_url is None
+
+
+def test_the_bifrost_metrics_and_kubernetes_keys_are_checked(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        [[targets]]
+        name = "a"
+        kind = "bifrost"
+        url = "http://bifrost:8080"
+        metrics_url = "http://user:pw@bifrost:8080/metrics"
+        read_metrics = "yes"
+        [targets.kubernetes]
+        namespace = "LLM"
+        pod = "bifrost-0"
+        colour = "red"
+
+        [[targets]]
+        name = "b"
+        kind = "rllm"
+        url = "http://rl:9090"
+        metrics_url = "http://rl:9090/metrics"
+    """)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    text = "\n".join(info.value.problems)
+    assert "targets[0].metrics_url: must not carry credentials" in text
+    assert "targets[0].read_metrics: expected true or false, got 'yes'" in text
+    assert "targets[0].kubernetes.namespace: expected a Kubernetes name" in text
+    assert "targets[0].kubernetes.container: expected a Kubernetes name" in text and "None" in text
+    assert "targets[0].kubernetes.colour: unknown key" in text
+    assert "targets[1].metrics_url: only a bifrost target has it" in text
+    assert "pw@" not in text

@@ -24,6 +24,7 @@ from typing import Any
 import polars as pl
 
 from gatewayscope._text import terminal_safe
+from gatewayscope.analysis.memory import BootMemory, boot_memory
 from gatewayscope.analysis.orphans import ORPHANS_SCHEMA, find_orphans, orphans_by_task, trace_store_summary
 from gatewayscope.analysis.pools import (
     BootEstimate,
@@ -61,6 +62,13 @@ BOOT_SCHEMA: dict[str, Any] = {"target": pl.String, "records": pl.Int64, "parked
                                "stack_bytes_low": pl.Int64, "stack_bytes_high": pl.Int64,
                                "memory_limit_bytes": pl.Int64, "survives_restart": pl.String,
                                "records_to_limit_low": pl.Int64, "records_to_limit_high": pl.Int64}
+#: per Bifrost target: the boot-memory prediction of the model used, with the measured figures beside it
+MEMORY_SCHEMA: dict[str, Any] = {"target": pl.String, "model": pl.String, "predicted_bytes": pl.Int64,
+                                 "memory_limit_bytes": pl.Int64, "survives_restart": pl.String,
+                                 "records_to_limit": pl.Int64, "goroutines": pl.Int64,
+                                 "resident_memory_bytes": pl.Int64, "stack_bytes_per_goroutine": pl.Float64,
+                                 "baseline_bytes": pl.Int64, "calibration_error_ratio": pl.Float64,
+                                 "trusted": pl.Boolean, "reason": pl.String}
 POSTURE_SCHEMA: dict[str, Any] = {"target": pl.String, "setting": pl.String, "reported": pl.String,
                                   "safe": pl.String, "drifted": pl.Boolean}
 GUARD_SCHEMA: dict[str, Any] = {"target": pl.String, "access": pl.String, "guarded": pl.Boolean,
@@ -83,8 +91,9 @@ class TargetFindings:
     A Bifrost gateway that answered has ``records`` (every provider record classified against the policy:
     kind, target pool and queue, over pool, parked workers, queue slots, stack bytes, plus ``unreachable``
     and ``unreachable_reason``), ``pools`` (per kind), ``boot`` (stack memory at boot against
-    ``memory_limit_bytes``), ``posture_drift`` (the settings away from the safe posture) and
-    ``unreachable`` (the records judged unreachable, with a reason each).
+    ``memory_limit_bytes``), ``memory`` (the boot-memory prediction from the gateway's runtime metrics, or
+    the band with the reason: :mod:`gatewayscope.analysis.memory`), ``posture_drift`` (the settings away
+    from the safe posture) and ``unreachable`` (the records judged unreachable, with a reason each).
 
     What does not apply to the target (or was not read) is None, and ``posture_drift`` empty.
     ``summary`` holds the target's figures in the shape of ``gatewayscope scan --format json``
@@ -106,6 +115,7 @@ class TargetFindings:
     records: pl.DataFrame | None = field(default=None, repr=False)
     pools: pl.DataFrame | None = field(default=None, repr=False)
     boot: BootEstimate | None = None
+    memory: BootMemory | None = None
     memory_limit_bytes: int | None = None
     posture_drift: tuple[str, ...] = ()
     unreachable: pl.DataFrame | None = field(default=None, repr=False)
@@ -162,11 +172,12 @@ def target_findings(snap: TargetSnapshot, policy: Policy, *, now: float,
         records, unreachable = _records_findings(bifrost.records, bifrost.reachability, policy)
         pools = _pools(records, policy)
         boot = boot_estimate(records, memory_limit_bytes)
+        memory = boot_memory(boot, bifrost.runtime, bifrost.runtime_error)
         drift = tuple(posture_drift(bifrost.client_config))
-        return TargetFindings(**state, records=records, pools=pools, boot=boot,
+        return TargetFindings(**state, records=records, pools=pools, boot=boot, memory=memory,
                               memory_limit_bytes=int(memory_limit_bytes), posture_drift=drift,
                               unreachable=unreachable,
-                              summary=bifrost_figures(pools, boot, list(drift), unreachable.height, policy))
+                              summary=bifrost_figures(pools, boot, list(drift), unreachable.height, policy, memory))
     return TargetFindings(**state)
 
 
@@ -198,6 +209,9 @@ class Findings:
     * ``pools``: per Bifrost target and record kind: records, parked workers, queue slots, records over
       pool, boot stacks at 2 and 8 KiB per worker, and the pool policy;
     * ``boot``: per Bifrost target: stack memory at boot against its limit, and whether it survives a restart;
+    * ``memory``: per Bifrost target: the boot-memory prediction of the model used (measured or band), the
+      measured figures (goroutines, resident memory, stack per goroutine, baseline, calibration error, trusted)
+      and why the band was used;
     * ``posture``: per Bifrost target and posture setting: reported, safe, drifted;
     * ``unreachable``: the Bifrost records judged unreachable, with a reason each;
     * ``guard``: per rLLM target: the tombstone guard's figures (null where none is installed).
@@ -214,6 +228,7 @@ class Findings:
     records: pl.DataFrame = field(repr=False)
     pools: pl.DataFrame = field(repr=False)
     boot: pl.DataFrame = field(repr=False)
+    memory: pl.DataFrame = field(repr=False)
     posture: pl.DataFrame = field(repr=False)
     unreachable: pl.DataFrame = field(repr=False)
     guard: pl.DataFrame = field(repr=False)
@@ -262,6 +277,20 @@ def _posture_rows(found: TargetFindings) -> list[dict[str, Any]]:
                      "reported": None if value is None else str(value).lower(),
                      "safe": str(safe).lower(), "drifted": setting in found.posture_drift})
     return rows
+
+
+def _memory_row(found: TargetFindings) -> dict[str, Any]:
+    assert found.memory is not None
+    memory, measured = found.memory, found.memory.measured
+    return {"target": found.name, "model": memory.model, "predicted_bytes": memory.predicted_bytes,
+            "memory_limit_bytes": memory.memory_limit_bytes, "survives_restart": memory.survives_restart,
+            "records_to_limit": memory.records_to_limit,
+            "goroutines": measured.goroutines if measured else None,
+            "resident_memory_bytes": measured.resident_memory_bytes if measured else None,
+            "stack_bytes_per_goroutine": measured.stack_bytes_per_goroutine if measured else None,
+            "baseline_bytes": measured.baseline_bytes if measured else None,
+            "calibration_error_ratio": measured.calibration_error_ratio if measured else None,
+            "trusted": measured.trusted if measured else None, "reason": memory.reason}
 
 
 def _check_index_reads(snapshot: Snapshot, deleted: Mapping[str, Any]) -> None:
@@ -345,6 +374,7 @@ def findings(snapshot: Snapshot, config: Config, *, deleted_ids: Mapping[str, An
                       {"target": pl.String, **POOLS_SCHEMA}),
         boot=pl.DataFrame([{"target": t.name, **dataclasses.asdict(t.boot)} for t in bifrost if t.boot is not None],
                           schema=BOOT_SCHEMA),
+        memory=pl.DataFrame([_memory_row(t) for t in bifrost if t.memory is not None], schema=MEMORY_SCHEMA),
         posture=pl.DataFrame([row for t in bifrost for row in _posture_rows(t)], schema=POSTURE_SCHEMA),
         unreachable=_concat([_with_target(t.name, t.unreachable) for t in bifrost if t.unreachable is not None],
                             {"target": pl.String, **UNREACHABLE_SCHEMA}),

@@ -41,6 +41,7 @@ from typing import Any
 
 import polars as pl
 
+from gatewayscope.analysis.memory import BootMemory, boot_memory
 from gatewayscope.analysis.posture import posture_drift
 from gatewayscope.config import Policy
 from gatewayscope.snapshot import BifrostData
@@ -262,9 +263,18 @@ def bifrost_summary(data: BifrostData, policy: Policy, memory_limit_bytes: int) 
          "records_to_limit": {"low": n | None, "high": n | None},
          "posture_drift": [setting, ...],
          "unreachable_records": n,
-         "pool_policy": {"standard": n, "custom": n, "queue_per_worker": n}}
+         "pool_policy": {"standard": n, "custom": n, "queue_per_worker": n},
+         "boot_memory": {"model": "measured" | "band", "predicted_bytes": n, "memory_limit_bytes": n,
+                         "survives_restart": ..., "records_to_limit": n | None,
+                         "measured": {"goroutines": n, "stack_inuse_bytes": n, "resident_memory_bytes": n,
+                                      "stack_bytes_per_goroutine": x, "baseline_bytes": n,
+                                      "other_goroutines": n, "calibration_error_ratio": x,
+                                      "trusted": bool} | None,
+                         "reason": str | None}}
 
-    ``records_to_limit`` is null for a gateway without workers (nothing to average).
+    ``records_to_limit`` is null for a gateway without workers (nothing to average). ``survives_restart`` and
+    ``records_to_limit`` at the top level are the band's; ``boot_memory`` holds the prediction of the model
+    used (:mod:`gatewayscope.analysis.memory`: measured from the gateway's runtime metrics, or the band).
 
     >>> from gatewayscope.snapshot import REACHABILITY_SCHEMA, RECORDS_SCHEMA, frame_from_rows
     >>> records = frame_from_rows([
@@ -283,18 +293,23 @@ def bifrost_summary(data: BifrostData, policy: Policy, memory_limit_bytes: int) 
     ['drop_excess_requests', 'enforce_auth_on_inference', 'disable_content_logging']
     """
     classified = classify_records(data.records, policy)
-    return bifrost_figures(per_kind(classified), boot_estimate(classified, memory_limit_bytes),
-                           posture_drift(data.client_config),
-                           unreachable_records(data.records, data.reachability).height, policy)
+    estimate = boot_estimate(classified, memory_limit_bytes)
+    return bifrost_figures(per_kind(classified), estimate, posture_drift(data.client_config),
+                           unreachable_records(data.records, data.reachability).height, policy,
+                           boot_memory(estimate, data.runtime, data.runtime_error))
 
 
 def bifrost_figures(kinds: pl.DataFrame, estimate: BootEstimate, drift: list[str], unreachable: int,
-                    policy: Policy) -> dict[str, Any]:
+                    policy: Policy, memory: BootMemory | None = None) -> dict[str, Any]:
     """The dict of :func:`bifrost_summary` from findings already made.
 
     ``kinds`` is :func:`per_kind` (extra columns are ignored), ``estimate`` the :func:`boot_estimate`,
-    ``drift`` the posture drift and ``unreachable`` the number of unreachable records.
+    ``drift`` the posture drift, ``unreachable`` the number of unreachable records and ``memory`` the
+    boot-memory prediction (:func:`~gatewayscope.analysis.memory.boot_memory`; None: the band's, without a
+    reason).
     """
+    if memory is None:
+        memory = boot_memory(estimate, None, None)
     rows = {row["kind"]: row for row in kinds.iter_rows(named=True)}
 
     def by_kind(column: str) -> dict[str, int]:
@@ -316,6 +331,7 @@ def bifrost_figures(kinds: pl.DataFrame, estimate: BootEstimate, drift: list[str
             "custom": policy.custom_pool,
             "queue_per_worker": policy.queue_per_worker,
         },
+        "boot_memory": memory.to_json(),
     }
 
 

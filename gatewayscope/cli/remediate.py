@@ -230,6 +230,8 @@ def _print_report(report: ApplyReport, plan: Plan, args: argparse.Namespace, jou
     for result in report.results:
         if result.outcome not in ("done", "already-done"):
             _print_result(result)
+    for target, limit in sorted(report.shrink_concurrency.items()):
+        sys.stdout.write(terminal_safe(f"{target}: pool resizes {limit['reason']}.") + "\n")
     if report.skipped:
         sys.stdout.write(f"{len(report.skipped)} action(s) not run (see above); they stay open in the journal.\n")
     if report.stopped_early:

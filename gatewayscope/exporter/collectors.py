@@ -6,8 +6,9 @@ samples from that read's findings (:func:`gatewayscope.analysis.findings.target_
 other view reads); the collectors only group the samples into families. Nothing here does I/O.
 
 No session id, trace id, URL or secret ever becomes a label value: the only label values are target
-names from the config, fixed vocabularies (kind, confidence, bound, setting, result, source), the
-package version, and Bifrost provider record names (capped, see :func:`record_series`).
+names from the config, fixed vocabularies (kind, confidence, bound, setting, result, source, model,
+status), the package version, Bifrost provider record names (capped, see :func:`record_series`), and the
+Kubernetes namespace, pod and container a target's config names.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from gatewayscope import __version__
-from gatewayscope.config import Policy
+from gatewayscope.config import KubernetesPod, Policy
 from gatewayscope.exporter.cache import RESULTS, SOURCES, TargetResult
 from gatewayscope.snapshot import TargetSnapshot
 
@@ -38,6 +39,9 @@ CONFIDENCES = ("confirmed", "suspected")
 BOUNDS = ("low", "high")
 RECORD_KINDS = ("standard", "custom")
 POSTURE_SETTINGS = ("drop_excess_requests", "enforce_auth_on_inference", "disable_content_logging")
+#: the boot-memory models (gatewayscope.analysis.memory.MODELS) and the states of a target's runtime metrics
+BOOT_MEMORY_MODELS = ("measured", "band")
+RUNTIME_METRICS_STATUSES = ("trusted", "untrusted", "absent")
 #: how a SQLite trace store was read, and why a read was full (gatewayscope.sources.rllm_sqlite_delta's MODES
 #: and FULL_REASONS, which tests/exporter checks these against: the sources load only when a target is read)
 STORE_READ_MODES = ("incremental", "full", "guarded")
@@ -113,6 +117,35 @@ _SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("gatewayscope_bifrost_posture_drift", "gauge", ("target", "setting"),
                "1 when the client setting is away from the safe posture (drop_excess_requests off, "
                "enforce_auth_on_inference on, disable_content_logging on), else 0."),
+    MetricSpec("gatewayscope_bifrost_boot_memory_predicted_bytes", "gauge", ("target", "model"),
+               "Memory a restart of the gateway would need, by the model used (one series per target): "
+               "model=measured from the gateway's own runtime metrics (what it holds besides its goroutines' "
+               "stacks, plus the parked workers at its measured stack per goroutine), model=band when there are "
+               "none or they are not trusted (the parked workers at 8 KiB each, the band's high bound)."),
+    MetricSpec("gatewayscope_bifrost_goroutines", "gauge", ("target",),
+               "Goroutines the gateway reports running (its go_goroutines), when its runtime metrics answered."),
+    MetricSpec("gatewayscope_bifrost_resident_memory_bytes", "gauge", ("target",),
+               "Resident memory the gateway reports holding now (its process_resident_memory_bytes), when its "
+               "runtime metrics answered."),
+    MetricSpec("gatewayscope_bifrost_measured_stack_bytes_per_goroutine", "gauge", ("target",),
+               "The gateway's goroutine stacks in use over its goroutines (go_memstats_stack_inuse_bytes / "
+               "go_goroutines): what one parked worker costs it, in place of the 2-8 KiB band."),
+    MetricSpec("gatewayscope_bifrost_measured_baseline_bytes", "gauge", ("target",),
+               "What the gateway holds besides its goroutines' stacks (resident memory minus stacks in use): "
+               "the part of the measured prediction that does not grow with the records."),
+    MetricSpec("gatewayscope_bifrost_boot_memory_calibration_error_ratio", "gauge", ("target",),
+               "The measured model applied to the running gateway (its baseline plus its records' parked workers "
+               "at the measured stack) minus the resident memory it holds, over that resident memory; near 0 the "
+               "records explain what it holds, negative it runs goroutines besides them."),
+    MetricSpec("gatewayscope_bifrost_runtime_metrics_status", "gauge", ("target", "status"),
+               "1 for the state of the gateway's runtime metrics at the last read, else 0: trusted (the measured "
+               "model is used), untrusted (they do not match the records' parked workers: the band is used), "
+               "absent (not read, or no usable answer: the band is used)."),
+    MetricSpec("gatewayscope_bifrost_kubernetes_info", "gauge",
+               ("target", "gateway_namespace", "gateway_pod", "gateway_container"),
+               "Always 1: the gateway's pod as the target's [targets.kubernetes] table names it (empty labels "
+               "when it names none), for joining kube-state-metrics' container memory limit; gateway_ names, "
+               "so a scrape's own namespace, pod and container target labels cannot collide with them."),
     MetricSpec("gatewayscope_exporter_snapshot_age_seconds", "gauge", ("target",),
                "Seconds since the read behind this scrape's values of the target started (absent when the "
                "scrape missed its deadline)."),
@@ -248,7 +281,7 @@ def _findings(result: TargetResult, policy: Policy, max_record_series: int) -> t
         if target.kind == "rllm" and found.orphans is not None:
             return True, _trace_store_samples(found)
         if target.kind == "bifrost" and found.records is not None:
-            return True, _bifrost_samples(found, max_record_series)
+            return True, _bifrost_samples(found, max_record_series, target.kubernetes)
         return False, []
     except Exception:
         log.exception("analysing the read of %s failed; reporting it down", target.name)
@@ -296,7 +329,8 @@ def _trace_store_samples(found: TargetFindings) -> list[Sample]:
     return samples
 
 
-def _bifrost_samples(found: TargetFindings, max_record_series: int) -> list[Sample]:
+def _bifrost_samples(found: TargetFindings, max_record_series: int,
+                     kubernetes: KubernetesPod | None = None) -> list[Sample]:
     assert found.records is not None
     name, summary = found.name, found.summary
     drift = set(found.posture_drift)
@@ -319,6 +353,33 @@ def _bifrost_samples(found: TargetFindings, max_record_series: int) -> list[Samp
     ]
     samples += [Sample("gatewayscope_bifrost_posture_drift", (name, setting), 1.0 if setting in drift else 0.0)
                 for setting in POSTURE_SETTINGS]
+    return samples + _boot_memory_samples(found, kubernetes)
+
+
+def _boot_memory_samples(found: TargetFindings, kubernetes: KubernetesPod | None) -> list[Sample]:
+    """The prediction of the model used, the measured figures whenever the runtime metrics answered, their
+    state, and the pod labels."""
+    name, memory = found.name, found.memory
+    pod = (kubernetes.namespace, kubernetes.pod, kubernetes.container) if kubernetes else ("", "", "")
+    samples = [Sample("gatewayscope_bifrost_kubernetes_info", (name, *pod), 1.0)]
+    if memory is None:
+        return samples
+    samples.append(Sample("gatewayscope_bifrost_boot_memory_predicted_bytes", (name, memory.model),
+                          float(memory.predicted_bytes)))
+    measured = memory.measured
+    status = "absent" if measured is None else "trusted" if measured.trusted else "untrusted"
+    samples += [Sample("gatewayscope_bifrost_runtime_metrics_status", (name, state), 1.0 if state == status else 0.0)
+                for state in RUNTIME_METRICS_STATUSES]
+    if measured is not None:
+        samples += [
+            Sample("gatewayscope_bifrost_goroutines", (name,), float(measured.goroutines)),
+            Sample("gatewayscope_bifrost_resident_memory_bytes", (name,), float(measured.resident_memory_bytes)),
+            Sample("gatewayscope_bifrost_measured_stack_bytes_per_goroutine", (name,),
+                   float(measured.stack_bytes_per_goroutine)),
+            Sample("gatewayscope_bifrost_measured_baseline_bytes", (name,), float(measured.baseline_bytes)),
+            Sample("gatewayscope_bifrost_boot_memory_calibration_error_ratio", (name,),
+                   float(measured.calibration_error_ratio)),
+        ]
     return samples
 
 

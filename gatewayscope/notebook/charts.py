@@ -61,12 +61,14 @@ def _message(title: str, text: str) -> bytes:
     return _png(figure)
 
 
-def boot_memory_chart(pools: pl.DataFrame, boot: pl.DataFrame) -> bytes:
-    """Parked workers by kind, and boot stack memory (2 and 8 KiB per worker) by kind against the limit.
+def boot_memory_chart(pools: pl.DataFrame, boot: pl.DataFrame, memory: pl.DataFrame | None = None) -> bytes:
+    """Parked workers by kind, and boot stack memory (2 and 8 KiB per worker) by kind against the limit, with
+    the measured prediction beside the band where the gateway's metrics were trusted.
 
     ``pools``: one row per Bifrost target and kind (``target``, ``kind``, ``parked_workers``,
     ``stack_bytes_low``, ``stack_bytes_high``); ``boot``: one row per Bifrost target (``target``,
-    ``memory_limit_bytes``). One pair of panels per target.
+    ``memory_limit_bytes``); ``memory``: the findings' ``memory`` frame (``model``, ``predicted_bytes``,
+    ``baseline_bytes``). One pair of panels per target.
     """
     targets = boot["target"].to_list()
     if not targets:
@@ -93,6 +95,13 @@ def boot_memory_chart(pools: pl.DataFrame, boot: pl.DataFrame) -> bytes:
             values = [low / _MIB, high / _MIB]
             memory_axes.bar(bounds, values, bottom=bottoms, color=colour, label=kind)
             bottoms = [bottoms[0] + values[0], bottoms[1] + values[1]]
+        measured = memory.filter((pl.col("target") == name) & (pl.col("model") == "measured")) \
+            if memory is not None else None
+        if measured is not None and measured.height:
+            baseline = int(measured["baseline_bytes"][0]) / _MIB
+            stacks = int(measured["predicted_bytes"][0]) / _MIB - baseline
+            memory_axes.bar(["measured"], [baseline], color="#8c8c8c", label="besides the stacks")
+            memory_axes.bar(["measured"], [stacks], bottom=[baseline], color="#4c72b0", label="workers (measured)")
         memory_axes.axhline(limit / _MIB, color="#c44e52", linestyle="--", linewidth=1.5,
                             label=f"limit {limit / _MIB:,.0f} MiB")
         memory_axes.set_title(f"{_label(name)}: boot stacks vs limit", fontsize=10, loc="left")

@@ -315,6 +315,11 @@ class ScanController:
         """Per Bifrost target: would it survive a restart? Stack memory (low/high) against its limit."""
         return self.findings().boot
 
+    def memory_frame(self) -> pl.DataFrame:
+        """Per Bifrost target: the boot-memory prediction of the model used (measured from the gateway's runtime
+        metrics, or the band), the measured figures beside it, and why the band was used."""
+        return self.findings().memory
+
     def posture_frame(self) -> pl.DataFrame:
         """Per Bifrost target and posture setting: the value reported, the safe value, drifted or not."""
         return self.findings().posture
@@ -370,7 +375,7 @@ class ScanController:
         from gatewayscope.notebook import charts
 
         if name == "boot_memory":
-            return charts.boot_memory_chart(self.pools_frame(), self.boot_frame())
+            return charts.boot_memory_chart(self.pools_frame(), self.boot_frame(), self.memory_frame())
         if name == "orphan_ages":
             return charts.orphan_age_chart(self.orphans_frame())
         if name == "weight_lag":

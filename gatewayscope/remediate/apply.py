@@ -15,7 +15,8 @@ The only code in gatewayscope that writes to a gateway. Read it top to bottom:
   live store right before it deletes (:func:`_recheck`).
 * **The driver** (:func:`apply_plan`) runs four steps a reader can follow: validate the plan against the
   config, take the apply lock and resume from the journal, then run the phases in plan order (tombstones
-  before deletes) with bounded concurrency, a rate limit and deletes paced per target, while the error
+  before deletes) with bounded concurrency (a Bifrost target's pool resizes within its memory headroom,
+  :func:`_shrink_limits`), a rate limit and deletes paced per target, while the error
   budget (``max_errors``) can stop new actions; every attempt and outcome is journaled, and the report
   ends with one tally line.
 """
@@ -122,6 +123,8 @@ class ApplyReport:
     previous: list[ActionResult] = field(default_factory=list)
     already_applied: bool = False
     stopped_early: str | None = None
+    #: per Bifrost target: how many pool resizes ran at once, and why (the memory-headroom rule)
+    shrink_concurrency: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def tally(self) -> dict[str, int]:
         counts: dict[str, int] = {outcome: 0 for outcome in OUTCOMES}
@@ -282,6 +285,8 @@ class _Context:
         self._lock = threading.Lock()
         self._weight_versions: dict[str, int | None] = {}
         self._capabilities = {entry.get("name"): dict(entry.get("capabilities") or {}) for entry in plan.targets}
+        #: per Bifrost target: the pool resizes that may run at once (see _shrink_limits)
+        self.shrink_slots: dict[str, threading.Semaphore] = {}
 
     def target(self, name: str) -> Target:
         try:
@@ -1038,7 +1043,9 @@ def _work_items(ctx: _Context, phase: list[Action]) -> list[Action | list[Action
 def _run_item(ctx: _Context, gate: _Gate, item: Action | list[Action]) -> list[ActionResult]:
     budget = gate.budget
     if isinstance(item, Action):
-        return [budget.count(gate.blocked(item) or _run_action(ctx, item))]
+        slot = ctx.shrink_slots.get(item.target) if item.kind == "pool_shrink" else None
+        with slot if slot is not None else nullcontext():
+            return [budget.count(gate.blocked(item) or _run_action(ctx, item))]
     skipped = {a.id: gate.blocked(a) for a in item}
     runnable = [a for a in item if skipped[a.id] is None]
     by_id = {a.id: a for a in runnable}
@@ -1057,6 +1064,41 @@ def _run_item(ctx: _Context, gate: _Gate, item: Action | list[Action]) -> list[A
     return [budget.count(blocked) if (blocked := skipped[a.id]) else ran[a.id] for a in item]
 
 
+def _shrink_limits(ctx: _Context, phase: list[Action], report: ApplyReport) -> None:
+    """The memory-headroom rule of the pool resizes: per Bifrost target, at most as many at once as the gateway's
+    memory has room for while each resize briefly runs the record's old and new pools together
+    (:func:`gatewayscope.analysis.memory.shrink_concurrency`), from its runtime metrics read now; one at a time
+    when they cannot be read or trusted. Each limit is journaled and kept in ``report.shrink_concurrency``."""
+    from gatewayscope.analysis.memory import measured_figures, shrink_concurrency
+    from gatewayscope.sources.bifrost.metrics import read_runtime_metrics
+
+    for name in sorted({a.target for a in phase}):
+        target = ctx.target(name)
+        actions = [a for a in phase if a.target == name]
+        if len(actions) == 1 or ctx.options.concurrency == 1:  # one at a time anyway: nothing to measure
+            ctx.shrink_slots[name] = threading.Semaphore(1)
+            report.shrink_concurrency[name] = {"concurrency": 1, "reason": "one record at a time: "
+                                               + ("one resize" if len(actions) == 1 else "--concurrency 1")}
+            continue
+        measured = None
+        try:
+            auth = target.auth.resolve() if target.auth is not None else None
+            runtime, _ = read_runtime_metrics(target, transport=ctx.transports.get(name), auth=auth)
+            if runtime is not None:  # the records say which workers the gateway parks now
+                listing = ctx.bifrost(name).list_providers()
+                workers = sum(_concurrency(r) for r in listing if r.get("provider_status") != "error")
+                measured = measured_figures(runtime, workers)
+        except GatewayscopeError:
+            measured = None
+        limit = shrink_concurrency([int(a.after["concurrency"]) for a in actions], requested=ctx.options.concurrency,
+                                   memory_limit_bytes=target.memory_limit_bytes, measured=measured)
+        ctx.shrink_slots[name] = threading.Semaphore(limit.concurrency)
+        report.shrink_concurrency[name] = {"concurrency": limit.concurrency, "reason": limit.reason}
+        if ctx.journal is not None:
+            ctx.journal.append("shrink-concurrency", plan_id=ctx.plan.id, target=name,
+                               concurrency=limit.concurrency, reason=limit.reason)
+
+
 def _run_phases(ctx: _Context, pending: list[Action], gate: _Gate, report: ApplyReport) -> None:
     """Step 3: the phases in plan order (tombstones land before any delete starts), each with bounded
     concurrency."""
@@ -1064,6 +1106,8 @@ def _run_phases(ctx: _Context, pending: list[Action], gate: _Gate, report: Apply
         phase = [a for a in pending if a.kind == kind]
         if not phase:
             continue
+        if kind == "pool_shrink" and ctx.options.write:
+            _shrink_limits(ctx, phase, report)
         with ThreadPoolExecutor(max_workers=ctx.options.concurrency, thread_name_prefix="gatewayscope-apply") as pool:
             results = [r for part in pool.map(lambda item: _run_item(ctx, gate, item), _work_items(ctx, phase))
                        for r in part]

@@ -68,6 +68,9 @@ def test_bifrost_summary_shape_and_numbers() -> None:
         "posture_drift": ["drop_excess_requests", "disable_content_logging"],
         "unreachable_records": 5,  # three dead base URLs + two records in status error
         "pool_policy": {"standard": 512, "custom": 64, "queue_per_worker": 16},
+        # no runtime metrics were read: the band's high bound and verdict, without a reason
+        "boot_memory": {"model": "band", "predicted_bytes": workers * 8192, "memory_limit_bytes": 536_870_912,
+                        "survives_restart": "yes", "records_to_limit": 102, "measured": None, "reason": None},
     }
     assert json.loads(json.dumps(summary)) == summary
 

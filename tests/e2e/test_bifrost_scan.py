@@ -95,12 +95,28 @@ SMALL_SUMMARY = {
     "unreachable_records": 3,  # two .invalid base URLs + legacy-lan-gateway in status error
     "pool_policy": {"standard": 512, "custom": 64, "queue_per_worker": 16},
 }
+# the emulator's process at its defaults: 8 KiB per goroutine, 64 MiB and 64 goroutines besides the workers
+SMALL_GOROUTINES = 64 + SMALL_WORKERS  # 9,640
+SMALL_RESIDENT = 64 * MIB + SMALL_GOROUTINES * 8192  # 146,079,744
+SMALL_PREDICTED = 64 * MIB + SMALL_WORKERS * 8192  # the baseline + the records' workers: 145,555,456
+SMALL_BOOT_MEMORY = {
+    "model": "measured", "predicted_bytes": SMALL_PREDICTED, "memory_limit_bytes": LIMIT,
+    "survives_restart": "yes",  # 138.8 MiB + 5 % <= 512 MiB
+    # (512 - 64) MiB x 12 records / (9,576 workers x 8,192) = 71.9 -> 72
+    "records_to_limit": 72,
+    "measured": {"goroutines": SMALL_GOROUTINES, "stack_inuse_bytes": SMALL_GOROUTINES * 8192,
+                 "resident_memory_bytes": SMALL_RESIDENT, "stack_bytes_per_goroutine": 8192.0,
+                 "baseline_bytes": 64 * MIB, "other_goroutines": 64,
+                 # (145,555,456 - 146,079,744) / 146,079,744: the 64 other goroutines' stacks
+                 "calibration_error_ratio": round(-64 * 8192 / SMALL_RESIDENT, 6), "trusted": True},
+    "reason": None,
+}
 
 
 def test_small_seed_findings_equal_the_hand_count(emulator: BifrostEmulator) -> None:
     seed_small(emulator)
     summary, data = scan(emulator)
-    assert summary == SMALL_SUMMARY
+    assert summary == {**SMALL_SUMMARY, "boot_memory": SMALL_BOOT_MEMORY}
     # the emulator's own worker accounting agrees
     assert emulator.parked_workers() == SMALL_WORKERS
     assert emulator.boot_memory() == (19_611_648, 78_446_592)
@@ -216,6 +232,80 @@ def test_realistic_seed_findings_equal_the_seed_definition(emulator: BifrostEmul
     assert kinds["records"].sum() == len(records)
 
 
+# -- boot memory from what the gateway measures ---------------------------------------------------------
+
+@pytest.mark.parametrize("stack,baseline,others", [(8192, 64 * MIB, 64), (5 * 1024, 200 * MIB, 300),
+                                                   (2048, 16 * MIB, 20), (12 * 1024, 90 * MIB, 2000)])
+def test_the_measured_prediction_equals_the_emulators_boot_memory_within_5_percent(
+        stack: int, baseline: int, others: int) -> None:
+    """With metrics on, the prediction is the emulator's boot memory within 5 % (at a stack per goroutine the band
+    does not know, and a baseline it leaves out), before and after records change; the band is far from it."""
+    options = EmulatorOptions(stack_bytes_per_goroutine=stack, baseline_memory_bytes=baseline,
+                              baseline_goroutines=others)
+    with BifrostEmulator(options=options) as emu:
+        seed_realistic(emu, orgs=6)
+        summary, _ = scan(emu)
+        boot = emu.boot_memory_bytes()
+        memory = summary["boot_memory"]
+        assert memory["model"] == "measured" and memory["measured"]["trusted"] is True
+        assert abs(memory["predicted_bytes"] - boot) <= 0.05 * boot
+        assert memory["measured"]["stack_bytes_per_goroutine"] == stack
+        assert abs(memory["measured"]["calibration_error_ratio"]) <= 0.05
+        band_low, band_high = summary["worker_stack_bytes"]["low"], summary["worker_stack_bytes"]["high"]
+        assert not (abs(band_high - boot) <= 0.05 * boot and abs(band_low - boot) <= 0.05 * boot)
+        # shrink three records and delete one: the next read predicts the new boot memory
+        client = BifrostClient(emu.url)
+        for name in [r for r in emu.record_names() if r.endswith("__anthropic")][:3]:
+            record = client.get_provider(name)
+            client.put_provider(name, {"network_config": {}, "custom_provider_config":
+                                       record["custom_provider_config"],
+                                       "concurrency_and_buffer_size": {"concurrency": 64, "buffer_size": 1024}})
+        client.delete_provider("openai")
+        client.close()
+        after, _ = scan(emu)
+        boot_after = emu.boot_memory_bytes()
+        assert boot_after < boot
+        assert abs(after["boot_memory"]["predicted_bytes"] - boot_after) <= 0.05 * boot_after
+
+
+def test_with_metrics_off_the_band_as_today() -> None:
+    with BifrostEmulator(options=EmulatorOptions(metrics_enabled=False)) as emu:
+        seed_small(emu)
+        summary, _ = scan(emu)
+    memory = summary.pop("boot_memory")
+    assert summary == SMALL_SUMMARY  # every figure the band gave before
+    assert memory["model"] == "band" and memory["measured"] is None
+    assert memory["predicted_bytes"] == SMALL_SUMMARY["worker_stack_bytes"]["high"]  # type: ignore[index]
+    assert memory["survives_restart"] == "yes" and memory["records_to_limit"] == 83
+    assert "answered 404" in memory["reason"] and memory["reason"].endswith("uses the 2-8 KiB band.")
+
+
+@pytest.mark.parametrize("lie", [500, 60_000])
+def test_a_gateway_whose_metrics_lie_is_reported_not_trusted(lie: int) -> None:
+    with BifrostEmulator(options=EmulatorOptions(metrics_goroutines=lie)) as emu:
+        seed_small(emu)
+        summary, _ = scan(emu)
+    memory = summary["boot_memory"]
+    assert memory["model"] == "band" and memory["predicted_bytes"] == 78_446_592
+    assert memory["measured"]["trusted"] is False and memory["measured"]["goroutines"] == lie
+    assert f"they report {lie:,} goroutines where the records park 9,576 workers" in memory["reason"]
+    assert "not trusted" in memory["reason"] and memory["survives_restart"] == SMALL_SUMMARY["survives_restart"]
+
+
+def test_the_measured_verdict_settles_what_the_band_calls_at_risk() -> None:
+    """The realistic store at 4 KiB per goroutine: under limits between the band's bounds (both "at risk" by the
+    band), the measured figures say "yes" at 1.5 x the boot memory and "no" at 0.8 x."""
+    with BifrostEmulator(options=EmulatorOptions(stack_bytes_per_goroutine=4096)) as emu:
+        seed_realistic(emu)
+        data = read_bifrost(target_for(emu), Policy(), resolver=HostResolver())
+        boot = emu.boot_memory_bytes()
+    for limit, measured in ((boot * 3 // 2, "yes"), (boot * 4 // 5, "no")):
+        summary = bifrost_summary(data, Policy(), limit)
+        assert summary["worker_stack_bytes"]["low"] < limit < summary["worker_stack_bytes"]["high"]
+        assert summary["survives_restart"] == "at risk"
+        assert summary["boot_memory"]["survives_restart"] == measured
+
+
 # -- auth -------------------------------------------------------------------------------------------
 
 def test_auth_off_sends_no_credentials(emulator: BifrostEmulator) -> None:
@@ -236,8 +326,9 @@ def test_auth_on_with_the_right_credentials(monkeypatch: pytest.MonkeyPatch) -> 
         emu.clear_requests()
         summary, data = scan(emu, auth=auth)
         logged = emu.requests()
-    assert summary == SMALL_SUMMARY
+    assert summary == {**SMALL_SUMMARY, "boot_memory": SMALL_BOOT_MEMORY}  # /metrics read with the credentials
     assert data.auth_enabled is True
+    assert "/metrics" in {r.path for r in logged}
     assert logged and all(r.headers.get("authorization", "").startswith("Basic ") for r in logged)
 
 
@@ -377,3 +468,24 @@ def test_only_a_scan_that_keeps_its_snapshot_pays_for_plan_fingerprints(
     with BifrostClient(emulator.url) as client:
         for action in shrinks:
             assert action.fingerprint == real(client.get_provider(action.subject), exclude=bifrost.POOL_FIELDS)
+
+
+def test_the_runtime_figures_survive_a_snapshot_round_trip(tmp_path: Any) -> None:
+    """A saved snapshot keeps the measured figures (or the reason there are none): the analysis of a loaded
+    snapshot gives the same boot memory."""
+    from gatewayscope.config import Config
+    from gatewayscope.scan import scan_report, take_snapshot
+    from gatewayscope.snapshot import Snapshot
+
+    with BifrostEmulator() as on, BifrostEmulator(options=EmulatorOptions(metrics_enabled=False)) as off:
+        seed_small(on)
+        seed_small(off)
+        config = Config(targets=[Target(name="on", kind="bifrost", url=on.url),
+                                 Target(name="off", kind="bifrost", url=off.url)], policy=Policy())
+        snapshot = take_snapshot(config)
+    loaded = Snapshot.load(snapshot.save(tmp_path / "snap"))
+    assert loaded.target("on").bifrost.runtime == snapshot.target("on").bifrost.runtime is not None  # type: ignore[union-attr]
+    assert loaded.target("off").bifrost.runtime_error == snapshot.target("off").bifrost.runtime_error  # type: ignore[union-attr]
+    before = {t["name"]: t["boot_memory"] for t in scan_report(snapshot, config)["targets"]}
+    after = {t["name"]: t["boot_memory"] for t in scan_report(loaded, config)["targets"]}
+    assert before == after and before["on"]["model"] == "measured" and before["off"]["model"] == "band"

@@ -287,6 +287,14 @@ def test_triage_finds_the_real_orphans_and_exports_a_snapshot(sandbox: Any, tria
                     if m["model_name"] == "HTMLModel")
     assert all(uid in html for uids in sandbox.run.expected_orphans.values() for uid in uids)
     assert "DRIFTED" in html
+    # boot survival: the measured prediction beside the band, and it is the emulator's boot memory within 5 %
+    memory = bifrost["boot_memory"]
+    assert memory["model"] == "measured" and memory["measured"]["trusted"] is True
+    boot = state["runtime"]["boot_memory_bytes"]
+    assert abs(memory["predicted_bytes"] - boot) <= 0.05 * boot
+    shown = " ".join(str(output.get("data", {}).get("text/html", "")) for cell in triaged.notebook.cells
+                     if cell.cell_type == "code" for output in cell.get("outputs", []))
+    assert "Measured: the gateway holds" in shown and 'class="boot measured"' in shown
 
 
 # -- remediate -----------------------------------------------------------------------------------------------

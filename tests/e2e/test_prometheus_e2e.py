@@ -343,6 +343,11 @@ def test_every_panel_and_alert_against_a_real_prometheus(
         assert {r["metric"]["target"] for r in by_name["GatewayscopeTargetDown"]} == {"rllm-down"}
         assert {r["metric"]["target"] for r in by_name["GatewayscopeBifrostBootMemoryOverLimit"]} == {"bifrost-over"}
         assert {r["metric"]["target"] for r in by_name["GatewayscopeBifrostBootMemoryAtRisk"]} == {"bifrost"}
+        # the measured prediction (the emulator's 8 KiB stacks and 64 MiB baseline) is over both limits; without
+        # kube-state-metrics in this Prometheus, both are judged against the configured limit
+        predicted_over = by_name["GatewayscopeBifrostBootMemoryPredictedOverLimit"]
+        assert {r["metric"]["target"] for r in predicted_over} == {"bifrost", "bifrost-over"}
+        assert {r["metric"]["limit_source"] for r in predicted_over} == {"config"}
         assert {r["metric"]["target"] for r in by_name["GatewayscopeTombstoneCapacityNearlyFull"]} == {"rllm-sqlite"}
         assert prom.value('gatewayscope_trace_store_orphan_sessions{job="gatewayscope", target="rllm-sqlite", '
                           'confidence="confirmed"}') == len(unguarded.expected_orphans)

@@ -26,6 +26,7 @@ from gatewayscope.snapshot import (
     SESSIONS_SCHEMA,
     BifrostData,
     GuardStats,
+    RuntimeMetrics,
     TargetSnapshot,
     TraceStoreData,
     frame_from_rows,
@@ -59,7 +60,8 @@ def rllm_snapshot(*, guard: GuardStats | None = None, up: bool = True) -> Target
                           error_kind=None if up else "unreachable")
 
 
-def bifrost_snapshot(custom_records: int = 8, *, client_config: dict | None = None) -> TargetSnapshot:
+def bifrost_snapshot(custom_records: int = 8, *, client_config: dict | None = None,
+                     runtime: RuntimeMetrics | None = None, runtime_error: str | None = None) -> TargetSnapshot:
     rows: list[tuple[Any, ...]] = [("openai", False, None, 512, 8192, None, "active", FINGERPRINT),
             ("anthropic", False, None, 2000, 8192, None, "active", FINGERPRINT),
             # provider_status error: the core could not build it, so it has no pool and parks nothing
@@ -71,6 +73,7 @@ def bifrost_snapshot(custom_records: int = 8, *, client_config: dict | None = No
         client_config=client_config if client_config is not None else {"drop_excess_requests": True,
                                                                          "enforce_auth_on_inference": True},
         reachability=frame_from_rows([("upstream.example", False, "no such host")], REACHABILITY_SCHEMA),
+        runtime=runtime, runtime_error=runtime_error,
     )
     return TargetSnapshot(name=BIFROST.name, kind="bifrost", address=BIFROST.address, up=True, started_at=NOW,
                           duration_seconds=1.5, bifrost=data)
@@ -214,7 +217,8 @@ def test_no_session_id_trace_id_url_or_secret_in_any_label() -> None:
     allowed = {"rl-gateway", "bifrost", "rllm", "confirmed", "suspected", "standard", "custom", "low", "high",
                "drop_excess_requests", "enforce_auth_on_inference", "disable_content_logging", "_other",
                "ok", "error", "read", "joined", "cached", "deadline", __version__, "openai", "anthropic",
-               "legacy-lan"}
+               "legacy-lan", "measured", "band", "trusted", "untrusted", "absent",
+               ""}  # the pod labels of a target whose config names no pod
     unexpected = {v for v in label_values if v not in allowed and not re.fullmatch(r"org\d\d__vllm__m", v)}
     assert unexpected == set()
 
@@ -260,10 +264,17 @@ def test_build_info_and_self_metrics() -> None:
     assert value(found, "gatewayscope_exporter_read_in_progress", target="rl-gateway") == 1
 
 
+def runtime_of(workers: int, others: int = 40, stack: int = 6144, baseline: int = 80 * 2**20) -> RuntimeMetrics:
+    goroutines = workers + others
+    return RuntimeMetrics(url="http://bf.test:8080/metrics", goroutines=goroutines,
+                          stack_inuse_bytes=goroutines * stack, resident_memory_bytes=baseline + goroutines * stack)
+
+
 def test_help_and_type_lines_follow_the_contract() -> None:
     guard = GuardStats(tombstones=1, capacity=10, dropped_writes=1)
+    # bifrost_snapshot(3): openai 512 + anthropic 2000 + 1000 + 999 + 998 custom = 5,509 parked workers
     text = exposition([TargetResult(RLLM, rllm_snapshot(guard=guard), "read", 0.0),
-                       TargetResult(BIFROST, bifrost_snapshot(3), "read", 0.0)],
+                       TargetResult(BIFROST, bifrost_snapshot(3, runtime=runtime_of(5509)), "read", 0.0)],
                       counters={"x": {"reads": {}, "scrapes": {}, "in_flight": 0}})
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for name in (*CONTRACT_METRICS, "gatewayscope_exporter_snapshot_age_seconds"):
@@ -295,11 +306,58 @@ def test_the_contract_names_are_exactly_those_of_the_design() -> None:
         "gatewayscope_bifrost_records_over_pool": ("target", "kind"),
         "gatewayscope_bifrost_unreachable_records": ("target",),
         "gatewayscope_bifrost_posture_drift": ("target", "setting"),
+        # boot memory from the gateway's own runtime metrics (issue 27)
+        "gatewayscope_bifrost_boot_memory_predicted_bytes": ("target", "model"),
+        "gatewayscope_bifrost_goroutines": ("target",),
+        "gatewayscope_bifrost_resident_memory_bytes": ("target",),
+        "gatewayscope_bifrost_measured_stack_bytes_per_goroutine": ("target",),
+        "gatewayscope_bifrost_measured_baseline_bytes": ("target",),
+        "gatewayscope_bifrost_boot_memory_calibration_error_ratio": ("target",),
+        "gatewayscope_bifrost_runtime_metrics_status": ("target", "status"),
+        "gatewayscope_bifrost_kubernetes_info": ("target", "gateway_namespace", "gateway_pod",
+                                                  "gateway_container"),
     }
     # every name of the design, with its labels; the names added since are extensions, listed here on purpose
     assert {name: METRICS[name].labels for name in design} == design
     assert set(CONTRACT_METRICS) - set(design) == {"gatewayscope_trace_store_kept_after_fence_writes_total"}
     assert METRICS["gatewayscope_trace_store_dropped_writes_total"].type == "counter"
+
+
+# -- boot memory from the gateway's runtime metrics -----------------------------------------------------
+
+def test_the_measured_figures_and_the_model_used() -> None:
+    from gatewayscope.config import KubernetesPod
+
+    target = Target(name="bifrost", kind="bifrost", url="http://bf.test:8080", memory_limit_bytes=512 * 2**20,
+                    kubernetes=KubernetesPod(namespace="llm", pod="bifrost-0", container="bifrost"))
+    found = samples(exposition([TargetResult(target, bifrost_snapshot(3, runtime=runtime_of(5509)), "read", 0.0)]))
+    assert value(found, "gatewayscope_bifrost_boot_memory_predicted_bytes", target="bifrost", model="measured") == \
+        80 * 2**20 + 5509 * 6144
+    assert value(found, "gatewayscope_bifrost_goroutines", target="bifrost") == 5549
+    assert value(found, "gatewayscope_bifrost_resident_memory_bytes", target="bifrost") == 80 * 2**20 + 5549 * 6144
+    assert value(found, "gatewayscope_bifrost_measured_stack_bytes_per_goroutine", target="bifrost") == 6144
+    assert value(found, "gatewayscope_bifrost_measured_baseline_bytes", target="bifrost") == 80 * 2**20
+    assert value(found, "gatewayscope_bifrost_boot_memory_calibration_error_ratio", target="bifrost") == \
+        pytest.approx(-40 * 6144 / (80 * 2**20 + 5549 * 6144))
+    assert {labels: v for (name, labels), v in found.items() if name == "gatewayscope_bifrost_runtime_metrics_status"} \
+        == {(("status", s), ("target", "bifrost")): 1.0 if s == "trusted" else 0.0
+            for s in ("trusted", "untrusted", "absent")}
+    assert value(found, "gatewayscope_bifrost_kubernetes_info", target="bifrost", gateway_namespace="llm",
+                 gateway_pod="bifrost-0", gateway_container="bifrost") == 1.0
+
+
+def test_untrusted_and_absent_metrics_give_the_band() -> None:
+    lying = samples(exposition([TargetResult(BIFROST, bifrost_snapshot(3, runtime=runtime_of(50, others=0)),
+                                             "read", 0.0)]))
+    assert value(lying, "gatewayscope_bifrost_boot_memory_predicted_bytes", target="bifrost", model="band") == \
+        5509 * 8192
+    assert value(lying, "gatewayscope_bifrost_runtime_metrics_status", target="bifrost", status="untrusted") == 1.0
+    assert value(lying, "gatewayscope_bifrost_goroutines", target="bifrost") == 50  # what it reported, shown
+    absent = samples(exposition([TargetResult(BIFROST, bifrost_snapshot(3, runtime_error="404"), "read", 0.0)]))
+    assert value(absent, "gatewayscope_bifrost_runtime_metrics_status", target="bifrost", status="absent") == 1.0
+    assert not any(name == "gatewayscope_bifrost_goroutines" for name, _ in absent)
+    assert value(absent, "gatewayscope_bifrost_kubernetes_info", target="bifrost", gateway_namespace="",
+                 gateway_pod="", gateway_container="") == 1.0
 
 
 # -- the findings cache: a scrape served from the per-target cache does not analyse again ------------

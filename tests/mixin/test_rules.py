@@ -46,12 +46,17 @@ REQUIRED_ALERTS = {
     "GatewayscopeOrphanSessionsGrowing",
     "GatewayscopeTombstoneCapacityNearlyFull",
     "GatewayscopeBifrostBootMemoryOverLimit",
+    "GatewayscopeBifrostBootMemoryPredictedOverLimit",
     "GatewayscopeBifrostPoolsOverPolicy",
     "GatewayscopeBifrostPostureDrift",
     "GatewayscopeBifrostUnreachableRecords",
 }
 NOTEBOOKS = {"notebooks/remediate.ipynb", "notebooks/triage.ipynb"}
 ORPHANS = "gatewayscope_trace_store_orphan_sessions"
+#: the one series of another exporter the rules read: kube-state-metrics' container limits, through its own selector
+KSM_LIMITS = "kube_pod_container_resource_limits"
+KSM_SELECTOR = 'job="kube-state-metrics"'
+EXTERNAL_METRICS = {KSM_LIMITS}
 
 
 def alert_rules() -> list[dict[str, Any]]:
@@ -169,6 +174,9 @@ def test_every_expression_of_every_dashboard_and_rule_carries_the_job_selector()
         selectors = [s for s in re.findall(r"\{([^{}]*)\}", expr.replace("{{", "").replace("}}", "")) if "=" in s]
         assert selectors, (where, expr)
         for selector in selectors:
+            if selector == f'{KSM_SELECTOR}, resource="memory"':  # kube-state-metrics' series: its own job
+                assert f"{KSM_LIMITS}{{{selector}}}" in expr, (where, expr)
+                continue
             assert DEFAULT_JOB_SELECTOR in selector, (where, selector)
 
 
@@ -195,7 +203,8 @@ def test_recording_rules_follow_the_naming_convention() -> None:
         name = rule["record"]
         assert re.fullmatch(r"gatewayscope:[a-z0-9_]+:[a-z0-9_]+", name), name
         for metric in SELECTOR_NAME.findall(rule["expr"]):
-            assert metric in METRICS or metric in {r["record"] for r in records}, (name, metric)
+            assert metric in METRICS or metric in {r["record"] for r in records} or metric in EXTERNAL_METRICS, \
+                (name, metric)
         if "rate(" in rule["expr"]:
             assert re.search(r":rate\d+[smh]$", name) and "_total" not in name, name
 
@@ -216,12 +225,35 @@ def test_alert_names_labels_and_annotations() -> None:
         assert annotations["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE_URL}#{name.lower()}", name
         assert annotations["notebook"] in NOTEBOOKS, name
         for metric in SELECTOR_NAME.findall(rule["expr"]):
-            assert metric in METRICS or metric == "up", f"{name}: {metric}"
+            assert metric in METRICS or metric == "up" or metric in EXTERNAL_METRICS, f"{name}: {metric}"
         # alerts read the exporter's series only: they work without rules.yml and on history older than it
         assert "gatewayscope:" not in rule["expr"], name
     severities = {rule["alert"]: rule["labels"]["severity"] for rule in rules_}
     assert severities["GatewayscopeBifrostBootMemoryOverLimit"] == "critical"
+    assert severities["GatewayscopeBifrostBootMemoryPredictedOverLimit"] == "critical"
     assert severities["GatewayscopeExporterDown"] == "critical"
+
+
+def test_the_limit_join_is_the_same_in_the_recording_rule_and_the_alert() -> None:
+    """The alert inlines the effective-limit expression (alerts need no recording rule); it must be the rule's."""
+    record = next(rule["expr"] for rule in rules("rules.yml")
+                  if rule["record"] == "gatewayscope:bifrost_memory_limit_bytes:effective")
+    alert = next(rule["expr"] for rule in alert_rules()
+                 if rule["alert"] == "GatewayscopeBifrostBootMemoryPredictedOverLimit")
+    assert " ".join(record.split()) in " ".join(alert.split())
+    assert "on (gateway_namespace, gateway_pod, gateway_container) group_left ()" in record
+    assert 'model="measured"' in alert
+
+
+def test_the_limit_join_with_and_without_kube_state_metrics_both_have_unit_tests() -> None:
+    cases = [case for case in unit_tests()
+             if any(check["alertname"] == "GatewayscopeBifrostBootMemoryPredictedOverLimit"
+                    for check in case["alert_rule_test"])]
+    with_ksm = [case for case in cases if any(KSM_LIMITS in series["series"] for series in case["input_series"])]
+    without = [case for case in cases if not any(KSM_LIMITS in series["series"] for series in case["input_series"])]
+    sources = {alert["exp_labels"].get("limit_source") for case in cases for check in case["alert_rule_test"]
+               for alert in check.get("exp_alerts") or []}
+    assert with_ksm and without and sources == {"kubernetes", "config"}
 
 
 def test_exporter_down_covers_a_failed_scrape_and_a_missing_job() -> None:

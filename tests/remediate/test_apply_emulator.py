@@ -174,3 +174,117 @@ def test_posture_fixed_or_changed_since_the_plan_is_not_written(emu: BifrostEmul
     assert [r.outcome for r in report.results] == ["stale"]
     assert config_puts(emu) == []
     assert emu.client_config()["drop_excess_requests"] is True
+
+
+# -- the shrink concurrency rule: the update's transient double pools near the memory limit ----------------
+
+MIB = 1024 * KIB
+RECORDS = 8
+OLD_POOL, NEW_POOL = 3000, 1000  # a custom pool of 1,000 (the policy below) for records stored at 3,000
+STACK = 8 * KIB
+BASELINE, OTHERS = 32 * MIB, 64
+
+
+def near_limit_emulator(*, metrics: bool = True, headroom_pools: float = 2.5) -> tuple[BifrostEmulator, int]:
+    """An emulator whose updates run old and new pools together for 0.5 s, with a memory limit that leaves, after
+    apply's reserve (10 % of the limit), room for ``headroom_pools`` new pools on top of what it holds."""
+    from gatewayscope.sandbox.bifrost_emulator import Concurrency, CustomProviderConfig, EmulatorOptions, ProviderRecord
+
+    resident = BASELINE + (OTHERS + RECORDS * OLD_POOL) * STACK
+    limit = int((resident + headroom_pools * NEW_POOL * STACK) / 0.9)
+    options = EmulatorOptions(stack_bytes_per_goroutine=STACK, baseline_memory_bytes=BASELINE,
+                              baseline_goroutines=OTHERS, memory_limit_bytes=limit, update_overlap=True,
+                              update_overlap_seconds=0.5, metrics_enabled=metrics)
+    emulator = BifrostEmulator(options=options).start()
+    assert emulator.load([ProviderRecord(f"org{i}__vllm__m", concurrency_and_buffer_size=Concurrency(OLD_POOL, 48_000),
+                                         custom_provider_config=CustomProviderConfig(base_provider_type="openai"))
+                          for i in range(RECORDS)])
+    assert emulator.resident_memory_bytes() == resident
+    return emulator, limit
+
+
+def shrink_plan(emu: BifrostEmulator, limit: int) -> tuple[Plan, Config]:
+    target = Target(name="bifrost", kind="bifrost", url=emu.url, memory_limit_bytes=limit)
+    config = Config(targets=[target], policy=Policy(custom_pool=NEW_POOL, queue_per_worker=16))
+    data = read_bifrost(target, config.policy, resolver=HostResolver())
+    snap = Snapshot(taken_at=NOW, targets=[TargetSnapshot(
+        name="bifrost", kind="bifrost", address=emu.url, up=True, started_at=NOW, duration_seconds=0.1,
+        bifrost=data)])
+    plan = build_plan(snap, config, created_at=NOW, only=("pool_shrink",))
+    assert len(plan.actions) == RECORDS
+    return plan, config
+
+
+def test_without_the_rule_resizing_every_record_at_once_kills_the_gateway() -> None:
+    """The same eight writes apply would send, all at once: their new pools start before the old ones retire,
+    the transient passes the limit, and the gateway is killed."""
+    import threading
+
+    from gatewayscope.remediate.apply import pool_write_body
+    from gatewayscope.sources.bifrost import BifrostClient
+
+    emu, limit = near_limit_emulator()
+    try:
+        plan, _ = shrink_plan(emu, limit)
+        client = BifrostClient(emu.url, timeout=10)
+        bodies = [(a.subject, pool_write_body(client.get_provider(a.subject), a.after)) for a in plan.actions]
+        start = threading.Barrier(RECORDS)
+        errors: list[Exception] = []
+
+        def write(name: str, body: Any) -> None:
+            start.wait(timeout=10)
+            try:
+                client.put_provider(name, body)
+            except Exception as err:  # the gateway is killed under some of them: no answer
+                errors.append(err)
+        threads = [threading.Thread(target=write, args=item) for item in bodies]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        client.close()
+        assert emu.dead and errors
+        assert "over the memory limit" in str(emu.runtime()["death_reason"])
+    finally:
+        emu.stop()
+
+
+def test_with_the_rule_apply_resizes_within_the_headroom_and_the_gateway_never_exceeds_its_limit(
+        tmp_path: Path) -> None:
+    emu, limit = near_limit_emulator()
+    try:
+        plan, config = shrink_plan(emu, limit)
+        report = run(plan, config, tmp_path, concurrency=RECORDS)  # asked for all eight at once
+        runtime = emu.runtime()
+    finally:
+        emu.stop()
+    assert report.shrink_concurrency["bifrost"]["concurrency"] == 2  # 2.5 new pools of headroom
+    assert "holds the new pools of the 2 largest resizes" in report.shrink_concurrency["bifrost"]["reason"]
+    assert all(r.outcome == "done" for r in report.results), [(r.subject, r.outcome, r.detail) for r in report.results]
+    assert not runtime["dead"] and runtime["deaths"] == 0
+    assert runtime["peak_resident_memory_bytes"] <= limit
+    # the transients did run (the peak is above what the old pools alone held), and the pools are resized
+    assert runtime["peak_resident_memory_bytes"] > BASELINE + (OTHERS + RECORDS * OLD_POOL) * STACK
+    assert runtime["running_workers"] == RECORDS * NEW_POOL
+    events = [e for e in Journal(next(tmp_path.glob("journal-*.jsonl"))).read() if e["event"] == "shrink-concurrency"]
+    assert [(e["target"], e["concurrency"]) for e in events] == [("bifrost", 2)]
+
+
+@pytest.mark.parametrize("metrics,headroom,reason", [
+    (False, 2.5, "headroom is unknown"),   # no runtime metrics: nothing to measure the headroom by
+    (True, 0.5, "does not hold even the largest new pool"),
+])
+def test_unknown_or_small_headroom_is_one_record_at_a_time(tmp_path: Path, metrics: bool, headroom: float,
+                                                            reason: str) -> None:
+    emu, limit = near_limit_emulator(metrics=metrics, headroom_pools=headroom)
+    try:
+        plan, config = shrink_plan(emu, limit)
+        report = run(plan, config, tmp_path, concurrency=RECORDS)
+        runtime = emu.runtime()
+    finally:
+        emu.stop()
+    assert report.shrink_concurrency["bifrost"]["concurrency"] == 1
+    assert reason in report.shrink_concurrency["bifrost"]["reason"]
+    # one new pool at a time fits in what the reserve keeps free: every resize lands and the gateway lives
+    assert all(r.outcome == "done" for r in report.results)
+    assert not runtime["dead"] and runtime["peak_resident_memory_bytes"] <= limit

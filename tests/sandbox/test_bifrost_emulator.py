@@ -856,6 +856,214 @@ def test_refused_write_keeps_workers_on_dead_record(small: BifrostEmulator, clie
 
 
 # --------------------------------------------------------------------------------------------------
+# §7 the process: /metrics, its memory, its limit
+
+KIB = 1024
+MIB = 1024 * 1024
+#: the small seed's parked workers (1000+1000+512 standard, 7x1000+64 custom, the unbuildable record none)
+SMALL_WORKERS = 9576
+
+
+def scrape(url: str, **kwargs: Any) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """GET /metrics, parsed with prometheus_client's text parser: sample name -> [(labels, value)]."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(url + "/metrics", timeout=10, **kwargs)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return samples
+
+
+def one(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
+    values = samples[name]
+    assert len(values) == 1 and values[0][0] == {}, values
+    return values[0][1]
+
+
+def test_metrics_follow_the_parked_workers() -> None:
+    """goroutines = baseline + parked workers; stacks = goroutines x stack; resident = baseline + stacks."""
+    with running(stack_bytes_per_goroutine=5 * KIB, baseline_memory_bytes=40 * MIB, baseline_goroutines=30) as emu:
+        seed_small(emu)
+        samples = scrape(emu.url)
+        assert one(samples, "go_goroutines") == 30 + SMALL_WORKERS
+        assert one(samples, "go_memstats_stack_inuse_bytes") == (30 + SMALL_WORKERS) * 5 * KIB
+        assert one(samples, "process_resident_memory_bytes") == 40 * MIB + (30 + SMALL_WORKERS) * 5 * KIB
+        # the rest of the Go runtime and process collectors' names, and the plugin's own series
+        for name in ("go_memstats_heap_inuse_bytes", "go_memstats_sys_bytes", "go_threads",
+                     "process_start_time_seconds", "process_virtual_memory_bytes", "process_cpu_seconds_total",
+                     "go_gc_duration_seconds_count"):
+            assert name in samples, name
+        assert samples["go_info"][0][0]["version"].startswith("go")
+        assert {labels["provider"] for labels, _ in samples["bifrost_provider_key_up"]} >= {"openai"}
+        # a write moves them: 1,000 workers down to 64
+        name = "orgalpha__deepseek__deepseek-chat"
+        body = {"network_config": httpx.get(f"{emu.url}/api/providers/{name}").json()["network_config"],
+                **minimal_put()}
+        assert httpx.put(f"{emu.url}/api/providers/{name}", json=body).status_code == 200
+        after = scrape(emu.url)
+        assert one(after, "go_goroutines") == 30 + SMALL_WORKERS - 1000 + 64
+        assert one(after, "process_resident_memory_bytes") == 40 * MIB + (30 + SMALL_WORKERS - 936) * 5 * KIB
+        # what a restart would need: the baseline plus every stored buildable record's workers
+        assert emu.boot_memory_bytes() == 40 * MIB + (30 + SMALL_WORKERS - 936) * 5 * KIB
+        http = {(labels["path"], labels["method"], labels["status"]): value
+                for labels, value in after["http_requests_total"]}
+        assert http[("/api/providers/{provider}", "PUT", "200")] == 1
+        assert http[("/metrics", "GET", "200")] == 1  # the first scrape (this one is counted after it is answered)
+
+
+def test_boot_memory_counts_stored_records_not_the_running_overlap() -> None:
+    with running(stack_bytes_per_goroutine=4 * KIB, baseline_memory_bytes=10 * MIB, baseline_goroutines=0) as emu:
+        emu.load([ProviderRecord("openai", concurrency_and_buffer_size=Concurrency(100, 1000)),
+                  ProviderRecord("not-a-provider", concurrency_and_buffer_size=Concurrency(500, 1000))])
+        assert emu.boot_memory_bytes() == 10 * MIB + 100 * 4 * KIB  # the unbuildable record starts nothing
+        assert emu.runtime()["goroutines"] == 100
+
+
+def test_metrics_need_credentials_when_auth_is_on() -> None:
+    """/metrics is not public (§5): 401 without Basic auth, 200 with it."""
+    with running(auth=ADMIN) as emu:
+        seed_small(emu)
+        assert httpx.get(emu.url + "/metrics").content == UNAUTHORIZED_BYTES
+        assert one(scrape(emu.url, headers=basic(*ADMIN)), "go_goroutines") == 64 + SMALL_WORKERS
+
+
+def test_metrics_off_is_a_404_as_with_the_telemetry_plugin_off() -> None:
+    with running(metrics_enabled=False) as emu:
+        response = httpx.get(emu.url + "/metrics")
+        assert (response.status_code, response.content) == (404, b"Not Found")
+        assert response.headers["content-type"].startswith("text/plain")
+    with running(metrics_enabled=False, auth=ADMIN) as emu:
+        assert httpx.get(emu.url + "/metrics").status_code == 401
+        assert httpx.get(emu.url + "/metrics", headers=basic(*ADMIN)).status_code == 404
+
+
+def test_metrics_that_lie_report_goroutines_far_from_the_workers() -> None:
+    with running(metrics_goroutines=250) as emu:
+        seed_small(emu)
+        samples = scrape(emu.url)
+        assert one(samples, "go_goroutines") == 250
+        assert emu.goroutines() == 64 + SMALL_WORKERS  # the truth
+        assert one(samples, "go_memstats_stack_inuse_bytes") == (64 + SMALL_WORKERS) * 8 * KIB
+
+
+def test_metrics_escape_label_values_from_the_store() -> None:
+    from gatewayscope.sandbox.bifrost_emulator import Key
+
+    hostile = 'k"ey\\name\nwith a newline'
+    with running() as emu:
+        emu.load([ProviderRecord("openai", concurrency_and_buffer_size=Concurrency(10, 100),
+                                 keys=[Key(id="k1", name=hostile, value=Secret("sk-123456789"))])])
+        samples = scrape(emu.url)
+        assert samples["bifrost_provider_key_up"] == [({"provider": "openai", "key_id": "k1", "key_name": hostile},
+                                                       1.0)]
+
+
+def test_metrics_faults() -> None:
+    from gatewayscope.sandbox.bifrost_emulator import METRICS
+
+    with running() as emu:
+        emu.inject_garbage("GET", METRICS, body="not metrics {{{", status=200, content_type="text/plain")
+        assert httpx.get(emu.url + "/metrics").text == "not metrics {{{"
+        assert httpx.get(emu.url + "/metrics").text.startswith("# HELP")
+
+
+def _sample_goroutines_during(emu: BifrostEmulator, write: Any) -> list[float]:
+    """go_goroutines sampled (bounded) while ``write`` runs in a thread."""
+    seen: list[float] = []
+    thread = threading.Thread(target=write)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while thread.is_alive() and time.monotonic() < deadline:
+        seen.append(one(scrape(emu.url), "go_goroutines"))
+        time.sleep(0.01)
+    thread.join(timeout=10)
+    seen.append(one(scrape(emu.url), "go_goroutines"))
+    return seen
+
+
+def test_an_update_retires_the_old_workers_before_the_new_ones_start_by_default() -> None:
+    """The core as read (UpdateProvider waits for the old workers, then starts the new ones): no moment runs
+    both pools, even while the write's model listing keeps the answer back."""
+    from gatewayscope.sandbox.bifrost_emulator import Key
+
+    with running(baseline_goroutines=0, model_discovery_delay=0.5) as emu:  # an enabled key: the listing runs
+        emu.load([ProviderRecord("openai", concurrency_and_buffer_size=Concurrency(1000, 5000),
+                                 keys=[Key(id="k", name="k", value=Secret("sk-123456789"))])])
+        assert one(scrape(emu.url), "go_goroutines") == 1000
+        seen = _sample_goroutines_during(emu, lambda: httpx.put(
+            emu.url + "/api/providers/openai", json={"concurrency_and_buffer_size": {
+                "concurrency": 600, "buffer_size": 5000}}, timeout=10))
+        assert len(seen) >= 3 and max(seen) <= 1000 and seen[-1] == 600
+
+
+def test_an_overlapping_update_runs_old_and_new_workers_together() -> None:
+    with running(baseline_goroutines=0, update_overlap=True, update_overlap_seconds=0.5) as emu:
+        emu.load([ProviderRecord("openai", concurrency_and_buffer_size=Concurrency(1000, 5000))])
+        seen = _sample_goroutines_during(emu, lambda: httpx.put(
+            emu.url + "/api/providers/openai", json={"concurrency_and_buffer_size": {
+                "concurrency": 600, "buffer_size": 5000}}, timeout=10))
+        assert max(seen) == 1600 and seen[-1] == 600
+        assert emu.runtime()["retiring_workers"] == 0
+
+
+def test_a_process_over_its_memory_limit_is_killed_and_a_restart_boots_the_stored_records() -> None:
+    """An update's overlap that would take resident memory past the limit kills the process mid-request: the
+    record is stored, no answer comes, nothing answers until a restart; the restart boots the stored records."""
+    stack = 4 * KIB
+    resident = 8 * MIB + 1000 * stack  # baseline 8 MiB, no other goroutines, 1,000 workers
+    limit = resident + 500 * stack  # room for 500 more workers, not 600
+    with running(stack_bytes_per_goroutine=stack, baseline_memory_bytes=8 * MIB, baseline_goroutines=0,
+                 memory_limit_bytes=limit, update_overlap=True, update_overlap_seconds=0.2) as emu:
+        emu.load([ProviderRecord("openai", concurrency_and_buffer_size=Concurrency(1000, 5000))])
+        body = {"concurrency_and_buffer_size": {"concurrency": 600, "buffer_size": 5000}}
+        with pytest.raises(httpx.RemoteProtocolError):
+            httpx.put(emu.url + "/api/providers/openai", json=body, timeout=10)
+        assert emu.dead
+        with pytest.raises(httpx.TransportError):
+            httpx.get(emu.url + "/health", timeout=5)
+        state = httpx.get(emu.url + "/_emulator/state").json()["runtime"]
+        assert state["dead"] is True and state["deaths"] == 1
+        assert "PUT /api/providers/openai" in state["death_reason"] and str(limit) in state["death_reason"]
+        assert state["peak_resident_memory_bytes"] <= limit
+        # the restart boots the stored record with its new pool: 600 workers fit
+        restarted = httpx.post(emu.url + "/_emulator/restart").json()
+        assert restarted["dead"] is False and restarted["goroutines"] == 600
+        assert httpx.get(emu.url + "/api/providers/openai").json()["concurrency_and_buffer_size"]["concurrency"] == 600
+        # an overlap that reaches the limit exactly (600 old + 900 new) is within it
+        assert httpx.put(emu.url + "/api/providers/openai", json={"concurrency_and_buffer_size": {
+            "concurrency": 900, "buffer_size": 5000}}, timeout=10).status_code == 200
+        assert emu.runtime()["peak_resident_memory_bytes"] == limit and not emu.dead
+
+
+def test_a_boot_over_the_limit_is_killed_again_at_every_restart() -> None:
+    with running(stack_bytes_per_goroutine=8 * KIB, baseline_memory_bytes=MIB, baseline_goroutines=0,
+                 memory_limit_bytes=4 * MIB) as emu:
+        assert emu.load([ProviderRecord("openai", concurrency_and_buffer_size=Concurrency(1000, 5000))]) is False
+        assert emu.dead and "boot" in str(emu.runtime()["death_reason"])
+        assert emu.restart() is False
+        assert emu.runtime()["deaths"] == 2
+
+
+def test_a_post_over_the_limit_is_killed() -> None:
+    with running(stack_bytes_per_goroutine=8 * KIB, baseline_memory_bytes=MIB, baseline_goroutines=0,
+                 memory_limit_bytes=4 * MIB) as emu:
+        with pytest.raises(httpx.RemoteProtocolError):
+            httpx.post(emu.url + "/api/providers", json={"provider": "openai"}, timeout=10)  # 1,000 default workers
+        assert emu.dead and emu.get_record("openai") is not None
+
+
+def test_the_process_knobs_are_checked() -> None:
+    with pytest.raises(ValueError):
+        BifrostEmulator(options=EmulatorOptions(stack_bytes_per_goroutine=0))
+    with pytest.raises(ValueError):
+        BifrostEmulator(options=EmulatorOptions(memory_limit_bytes=0))
+
+
+# --------------------------------------------------------------------------------------------------
 # faults and the request log
 
 def test_fault_error_without_write(small: BifrostEmulator, client: httpx.Client) -> None:

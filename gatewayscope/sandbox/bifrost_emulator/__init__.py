@@ -3,8 +3,9 @@
 The real Bifrost (Go) cannot run on the project's machines, so this real HTTP server stands in for it in
 every test and in the demo. It reproduces the gateway's management API case by case, as docs/sandbox.md
 ("The emulated management API") describes it: status codes and exact messages, PUT as an upsert with the
-omitted-block table, secret masking, the base-URL DNS refusal, parked-worker accounting, plus faults on
-demand and a request log under the emulator-only ``/_emulator/*`` namespace.
+omitted-block table, secret masking, the base-URL DNS refusal, parked-worker accounting, the process's
+``/metrics`` and its memory limit, plus faults on demand and a request log under the emulator-only
+``/_emulator/*`` namespace.
 
 >>> from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_realistic
 >>> with BifrostEmulator() as emu:                       # doctest: +SKIP
@@ -46,22 +47,31 @@ from gatewayscope.sandbox.bifrost_emulator.server import BifrostEmulator, Emulat
 from gatewayscope.sandbox.bifrost_emulator.state import (
     ANY,
     CONFIG,
+    DEFAULT_BASELINE_GOROUTINES,
+    DEFAULT_BASELINE_MEMORY_BYTES,
+    DEFAULT_STACK_BYTES_PER_GOROUTINE,
     LIST,
+    METRICS,
     STACK_BYTES_HIGH,
     STACK_BYTES_LOW,
     Fault,
     LoggedRequest,
+    ProcessModel,
 )
 
 __all__ = [
     "ANY",
     "CONFIG",
+    "DEFAULT_BASELINE_GOROUTINES",
+    "DEFAULT_BASELINE_MEMORY_BYTES",
     "DEFAULT_BUFFER_SIZE",
     "DEFAULT_CLIENT_CONFIG",
     "DEFAULT_CONCURRENCY",
     "DEFAULT_LIVE_PORT",
     "DEFAULT_RNG_SEED",
+    "DEFAULT_STACK_BYTES_PER_GOROUTINE",
     "LIST",
+    "METRICS",
     "SEED_NAMES",
     "STACK_BYTES_HIGH",
     "STACK_BYTES_LOW",
@@ -77,6 +87,7 @@ __all__ = [
     "Key",
     "LoggedRequest",
     "NetworkConfig",
+    "ProcessModel",
     "ProviderRecord",
     "ProxyConfig",
     "Reply",

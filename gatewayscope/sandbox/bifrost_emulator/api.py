@@ -302,7 +302,7 @@ class ManagementAPI:
                 return error_reply(404, "Provider not found: not found")
             return json_reply(self._render(record, self.state.provider_status(name)))
 
-    def create_provider(self, body: bytes) -> Reply:
+    def create_provider(self, body: bytes) -> Reply | None:
         """§2.4 ``POST /api/providers``, checks in the gateway's order (steps 1-7)."""
         try:
             payload = self._decode(body)
@@ -343,13 +343,21 @@ class ManagementAPI:
                 )
                 self.state.store_record(record, restart=True)
                 stored = copy.deepcopy(record)
+                alive = self.state.check_memory(f"POST /api/providers ({name})")
         except Refused as refused:
             return refused.reply()
+        if not alive:  # §7: the new pool took the process over its memory limit; it is killed mid-request
+            return None
         self._discover_models(stored)
         return json_reply(self._render(stored, "active"))
 
-    def update_provider(self, name: str, body: bytes) -> Reply:
-        """§2.5 ``PUT /api/providers/{provider}``: an upsert, steps 1-9."""
+    def update_provider(self, name: str, body: bytes) -> Reply | None:
+        """§2.5 ``PUT /api/providers/{provider}``: an upsert, steps 1-9.
+
+        Step 7 restarts the record's pool (§3): with ``update_overlap`` the new pool starts while the old one
+        still runs, for ``update_overlap_seconds``; otherwise the old one retires first. A process that the
+        new pool takes over its memory limit is killed (§7): the record is stored, the answer never comes.
+        """
         try:
             payload = self._decode(body)
             if payload.keys and self.options.put_keys_policy == "reject":
@@ -366,10 +374,19 @@ class ManagementAPI:
             with self.state.lock:  # steps 6-7: add first when missing, then store + UpdateProvider
                 current = self.state.records.get(name) or ProviderRecord(name=name)
                 record = apply_update(current, payload, legacy_clear=self.options.legacy_put_clears_blocks)
+                old_workers = self.state.previous_workers(name)
                 built = self.state.store_record(record, restart=True)
+                overlap = old_workers if built and self.options.update_overlap else 0
+                self.state.begin_overlap(name, overlap)
+                alive = self.state.check_memory(f"PUT /api/providers/{name}")
                 result = copy.deepcopy(record)
         except Refused as refused:
             return refused.reply()
+        if not alive:
+            return None
+        if overlap:
+            self._sleep(self.options.update_overlap_seconds)
+            self.state.end_overlap(name, overlap)
         if not built:
             return error_reply(500, UNSUPPORTED_PUT_TEXT.format(name=name))
         self._discover_models(result)

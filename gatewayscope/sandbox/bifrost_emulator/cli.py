@@ -15,6 +15,11 @@ from typing import Any
 from gatewayscope.errors import ConfigError
 from gatewayscope.sandbox.bifrost_emulator.seed import DEFAULT_LIVE_PORT, DEFAULT_RNG_SEED, SEED_NAMES, apply_seed
 from gatewayscope.sandbox.bifrost_emulator.server import BifrostEmulator, EmulatorOptions
+from gatewayscope.sandbox.bifrost_emulator.state import (
+    DEFAULT_BASELINE_GOROUTINES,
+    DEFAULT_BASELINE_MEMORY_BYTES,
+    DEFAULT_STACK_BYTES_PER_GOROUTINE,
+)
 
 DEFAULT_PORT = 8080
 DEFAULT_PASSWORD_ENV = "GATEWAYSCOPE_EMULATOR_PASSWORD"
@@ -47,6 +52,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="older builds: DELETE of an unknown provider answers 404")
     parser.add_argument("--legacy-secret-shape", action="store_true",
                         help="older builds: secrets as {value, env_var, from_env}")
+    parser.add_argument("--no-metrics", action="store_true",
+                        help="GET /metrics answers 404, as with the gateway's telemetry plugin off")
+    parser.add_argument("--stack-bytes-per-goroutine", type=int, default=DEFAULT_STACK_BYTES_PER_GOROUTINE,
+                        help="stack each goroutine holds, bytes (default: %(default)s)")
+    parser.add_argument("--baseline-memory-bytes", type=int, default=DEFAULT_BASELINE_MEMORY_BYTES,
+                        help="memory the process holds besides goroutine stacks, bytes (default: %(default)s)")
+    parser.add_argument("--baseline-goroutines", type=int, default=DEFAULT_BASELINE_GOROUTINES,
+                        help="goroutines the process runs besides the workers (default: %(default)s)")
+    parser.add_argument("--memory-limit-bytes", type=int, default=None,
+                        help="kill the process when its resident memory would exceed this (default: no limit)")
+    parser.add_argument("--update-overlap", action="store_true",
+                        help="a provider update runs the old and the new workers together for a moment "
+                             "(default: the old workers retire first)")
 
 
 def _auth_from_args(args: argparse.Namespace) -> tuple[str, str] | None:
@@ -69,10 +87,18 @@ def _mib(value: int) -> str:
 def run(args: argparse.Namespace) -> int:
     """Serve until Ctrl-C or SIGTERM; exit 0 on a clean stop."""
     auth = _auth_from_args(args)
-    options = EmulatorOptions(legacy_delete_404=args.legacy_delete_404,
-                              legacy_secret_shape=args.legacy_secret_shape, dns_timeout=args.dns_timeout,
-                              version=args.version_string, model_discovery_delay=args.model_discovery_delay)
-    emulator = BifrostEmulator(args.host, args.port, auth=auth, options=options)
+    try:
+        options = EmulatorOptions(legacy_delete_404=args.legacy_delete_404,
+                                  legacy_secret_shape=args.legacy_secret_shape, dns_timeout=args.dns_timeout,
+                                  version=args.version_string, model_discovery_delay=args.model_discovery_delay,
+                                  metrics_enabled=not args.no_metrics,
+                                  stack_bytes_per_goroutine=args.stack_bytes_per_goroutine,
+                                  baseline_memory_bytes=args.baseline_memory_bytes,
+                                  baseline_goroutines=args.baseline_goroutines,
+                                  memory_limit_bytes=args.memory_limit_bytes, update_overlap=args.update_overlap)
+        emulator = BifrostEmulator(args.host, args.port, auth=auth, options=options)
+    except ValueError as err:
+        raise ConfigError(f"{err}.") from None
     summary = apply_seed(emulator, args.seed, rng_seed=args.rng_seed, live_port=args.live_port)
     try:
         emulator.start()
@@ -95,6 +121,12 @@ def run(args: argparse.Namespace) -> int:
               f"{summary.dead_base_urls} dead base URLs")
         print(f"  parked workers: {summary.parked_workers:,} (boot stacks {_mib(summary.boot_memory_low_bytes)}"
               f" to {_mib(summary.boot_memory_high_bytes)})")
+        runtime = emulator.runtime()
+        limit = runtime["memory_limit_bytes"]
+        print(f"  process: {runtime['goroutines']:,} goroutines, {_mib(runtime['resident_memory_bytes'])} resident, "
+              f"memory limit {_mib(limit) if limit else 'none'}"
+              + (f"; KILLED while it boots ({runtime['death_reason']})" if runtime["dead"] else ""))
+        print(f"  metrics: {emulator.url + '/metrics' if options.metrics_enabled else 'off (404)'}")
         print(f"  auth: {'Basic, user ' + auth[0] if auth else 'off'}")
         print(f"  emulator control: {emulator.url}/_emulator/state")
         print("Press Ctrl-C to stop.", flush=True)

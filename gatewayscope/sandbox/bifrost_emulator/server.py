@@ -1,8 +1,9 @@
 """The emulator's HTTP server and its Python face, :class:`BifrostEmulator`.
 
 A real ``ThreadingHTTPServer`` on loopback (daemon threads, HTTP/1.1 keep-alive). Around the management
-routes (``api.py``) it adds, in this order: the request log, Basic/session auth (when configured), fault
-injection, and the emulator-only control namespace ``/_emulator/*`` (never behind auth, never logged).
+routes (``api.py``) and ``/metrics`` (``runtime.py``) it adds, in this order: the emulator-only control namespace
+``/_emulator/*`` (never behind auth, never logged), a killed process that answers nothing (§7), the request log,
+Basic/session auth (when configured) and fault injection.
 Section numbers (§) refer to docs/sandbox.md, "The emulated management API".
 """
 
@@ -31,13 +32,18 @@ from gatewayscope.sandbox.bifrost_emulator.model import ProviderRecord
 from gatewayscope.sandbox.bifrost_emulator.state import (
     ANY,
     CONFIG,
+    DEFAULT_BASELINE_GOROUTINES,
+    DEFAULT_BASELINE_MEMORY_BYTES,
+    DEFAULT_STACK_BYTES_PER_GOROUTINE,
     LIST,
+    METRICS,
     STACK_BYTES_HIGH,
     STACK_BYTES_LOW,
     EmulatorState,
     Fault,
     LoggedRequest,
     Pool,
+    ProcessModel,
 )
 
 #: routes answered without credentials even when auth is on (§5)
@@ -46,7 +52,9 @@ PUBLIC_PATHS = frozenset({"/health", "/api/version", "/api/session/login", "/api
 PUBLIC_PREFIXES = ("/assets/", "/api/dev", "/.well-known/", "/api/skills/serve/")
 CONTROL_PREFIX = "/_emulator"
 #: routes faults can be injected on
-_FAULTABLE = frozenset({"providers", "provider", "keys", "config", "unimplemented", "bad_name"})
+_FAULTABLE = frozenset({"providers", "provider", "keys", "config", "unimplemented", "bad_name", "metrics"})
+#: what a Go client of Prometheus serves its text exposition as
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _UNAUTHORIZED = error_reply(401, "Unauthorized")
 _DEFAULT_FAULT_MESSAGES = {
@@ -86,6 +94,27 @@ class EmulatorOptions:
     model_discovery_timeout: float = 15.0
     #: entries kept in the request log
     request_log_limit: int = 10_000
+    #: ``GET /metrics`` served (the telemetry plugin on, its default); False: 404, as with the plugin off (§7)
+    metrics_enabled: bool = True
+    #: the process model (§7): stack bytes per goroutine, memory and goroutines held besides the workers
+    stack_bytes_per_goroutine: int = DEFAULT_STACK_BYTES_PER_GOROUTINE
+    baseline_memory_bytes: int = DEFAULT_BASELINE_MEMORY_BYTES
+    baseline_goroutines: int = DEFAULT_BASELINE_GOROUTINES
+    #: a process whose resident memory would exceed this is killed (§7); None: no limit
+    memory_limit_bytes: int | None = None
+    #: a PUT starts the record's new pool while the old one still runs (§3); False (the core as read): the
+    #: old workers retire before the new ones start
+    update_overlap: bool = False
+    #: how long an overlapping update runs both pools, seconds
+    update_overlap_seconds: float = 0.05
+    #: report this many goroutines in /metrics whatever runs (a gateway whose metrics lie); None: the truth
+    metrics_goroutines: int | None = None
+
+    def process_model(self) -> ProcessModel:
+        return ProcessModel(stack_bytes_per_goroutine=self.stack_bytes_per_goroutine,
+                            baseline_memory_bytes=self.baseline_memory_bytes,
+                            baseline_goroutines=self.baseline_goroutines,
+                            memory_limit_bytes=self.memory_limit_bytes)
 
 
 @dataclass
@@ -100,6 +129,8 @@ class _Route:
 def _route(method: str, path: str) -> _Route:
     """Match a raw path (query stripped) against the emulated routes."""
     segments = path.split("/")[1:]
+    if path == "/metrics":
+        return _Route("metrics", target=METRICS, allowed=("GET",))
     if path == "/health":
         return _Route("health", allowed=("GET",))
     if path == "/api/version":
@@ -213,7 +244,8 @@ class BifrostEmulator:
         self.host = host
         self.port = port
         self.options = options or EmulatorOptions()
-        self.state = EmulatorState(request_log_limit=self.options.request_log_limit)
+        self.state = EmulatorState(request_log_limit=self.options.request_log_limit,
+                                   process=self.options.process_model())
         if auth is not None:
             self.state.config.auth = AuthConfig(admin_username=auth[0], admin_password=auth[1], is_enabled=True)
         self._stopping = threading.Event()
@@ -271,14 +303,15 @@ class BifrostEmulator:
 
     # -- store access (direct, no HTTP) ----------------------------------------------------------
 
-    def load(self, records: list[ProviderRecord], config: GlobalConfig | None = None) -> None:
+    def load(self, records: list[ProviderRecord], config: GlobalConfig | None = None) -> bool:
         """Replace the store as it was at boot (pools started, no restarts); keeps auth when
-        ``config`` is None or carries no admin account."""
+        ``config`` is None or carries no admin account. Returns whether the process survives that boot
+        (§7: False when it needs more than its memory limit)."""
         with self.state.lock:
             if config is not None and not config.auth.admin_username:
                 config = copy.deepcopy(config)
                 config.auth = copy.deepcopy(self.state.config.auth)
-            self.state.load(records, config)
+            return self.state.load(records, config)
 
     def get_record(self, name: str) -> ProviderRecord | None:
         """The stored record, unmasked (a copy), or None."""
@@ -329,6 +362,35 @@ class BifrostEmulator:
         """(low, high) bytes of parked goroutine stacks: 2 KiB and 8 KiB per worker."""
         workers = self.parked_workers()
         return workers * STACK_BYTES_LOW, workers * STACK_BYTES_HIGH
+
+    # -- the process (§7) ------------------------------------------------------------------------
+
+    def boot_memory_bytes(self) -> int:
+        """What a restart would hold once booted: the baseline memory plus the baseline goroutines and every
+        stored buildable record's workers at the process's stack per goroutine."""
+        return self.state.boot_memory_bytes()
+
+    def resident_memory_bytes(self) -> int:
+        """What the process holds now (an overlapping update's old pools included)."""
+        return self.state.resident_memory_bytes()
+
+    def goroutines(self) -> int:
+        """The goroutines that run now (the truth, whatever ``metrics_goroutines`` makes /metrics say)."""
+        return self.state.process.goroutines(self.state.running_workers())
+
+    def runtime(self) -> dict[str, Any]:
+        """The process as ``GET /_emulator/state`` shows it under ``runtime``."""
+        return self.state.runtime_snapshot()
+
+    @property
+    def dead(self) -> bool:
+        """Killed for going over its memory limit: it answers nothing until :meth:`restart`."""
+        return self.state.dead
+
+    def restart(self) -> bool:
+        """Restart the process over its stored records (as an orchestrator restarts a killed container);
+        returns whether it survives the boot."""
+        return self.state.boot()
 
     # -- faults ----------------------------------------------------------------------------------
 
@@ -396,6 +458,8 @@ class BifrostEmulator:
         path = raw_path.split("?", 1)[0]
         if path == CONTROL_PREFIX or path.startswith(CONTROL_PREFIX + "/"):
             return self._control(method, path, raw_path, body)
+        if self.state.dead:  # §7: a killed process answers nothing and logs nothing
+            return None
         logged_headers = dict(headers)
         if "authorization" in logged_headers:
             logged_headers["authorization"] = logged_headers["authorization"].split(" ", 1)[0] + " <redacted>"
@@ -405,6 +469,7 @@ class BifrostEmulator:
             self.state.finish_request(entry, None, "dropped")
         else:
             self.state.finish_request(entry, reply.status, "answered")
+            self.state.count_request(_route_label(_route(method, path)), method, reply.status)
         return reply
 
     def _serve_api(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Reply | None:
@@ -420,6 +485,8 @@ class BifrostEmulator:
         target = route.target
         if route.kind == "providers" and method == "POST":
             target = _body_provider(body)
+        if route.kind == "metrics" and not self.options.metrics_enabled:
+            return Reply(404, b"Not Found", content_type="text/plain; charset=utf-8")
         fault = self.state.take_fault(method, target) if route.kind in _FAULTABLE else None
         if fault is None:
             return self._handle(method, route, headers, body)
@@ -432,7 +499,7 @@ class BifrostEmulator:
         if fault.kind == "error":
             if fault.apply_write:
                 reply = self._handle(method, route, headers, body)
-                if reply.status >= 400:
+                if reply is None or reply.status >= 400:
                     return reply
             return error_reply(fault.status, fault.message)
         if fault.kind == "slow":
@@ -466,9 +533,14 @@ class BifrostEmulator:
                 return True
         return False
 
-    def _handle(self, method: str, route: _Route, headers: dict[str, str], body: bytes) -> Reply:
+    def _handle(self, method: str, route: _Route, headers: dict[str, str], body: bytes) -> Reply | None:
         api = self.api
         kind = route.kind
+        if kind == "metrics":
+            from gatewayscope.sandbox.bifrost_emulator.runtime import exposition
+
+            return Reply(200, exposition(self.state, metrics_goroutines=self.options.metrics_goroutines),
+                         content_type=METRICS_CONTENT_TYPE)
         if kind == "health":
             return json_reply({"status": "ok"})
         if kind == "version":
@@ -514,6 +586,9 @@ class BifrostEmulator:
                 return json_reply(self._fault_from_json(parse_json(body)).to_json())
             if action == "reset-faults" and method == "POST":
                 return json_reply({"removed": self.reset_faults()})
+            if action == "restart" and method == "POST":
+                self.restart()
+                return json_reply(self.runtime())
             if action == "seed" and method == "POST":
                 from gatewayscope.sandbox.bifrost_emulator.seed import apply_seed
                 spec = parse_json(body) if body.strip() else {}
@@ -538,6 +613,16 @@ class BifrostEmulator:
         if fault.kind == "no_answer" and "apply_write" not in spec:
             fault.apply_write = True
         return self.add_fault(fault)
+
+
+def _route_label(route: _Route) -> str:
+    """A route's pattern, as the HTTP series label it (a provider's name never becomes a label value)."""
+    patterns = {"metrics": "/metrics", "health": "/health", "version": "/api/version", "config": "/api/config",
+                "login": "/api/session/login", "logout": "/api/session/logout",
+                "is_auth_enabled": "/api/session/is-auth-enabled", "providers": "/api/providers",
+                "provider": "/api/providers/{provider}", "bad_name": "/api/providers/{provider}",
+                "keys": "/api/providers/{provider}/keys", "unimplemented": "/api/providers/{provider}/*"}
+    return patterns.get(route.kind, "unmatched")
 
 
 def _default_fault_message(method: str, target: str) -> str:

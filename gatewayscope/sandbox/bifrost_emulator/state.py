@@ -8,6 +8,11 @@ worker goroutines from boot on; every successful write restarts that record's po
 ``restarts``); a delete removes it. A record the core cannot build (a non-standard name without custom
 config) has no pool and shows ``provider_status: "error"``.
 
+The process around those pools (§7, :class:`ProcessModel`): its goroutines are a baseline plus every
+running worker, its resident memory a baseline plus every goroutine's stack, and a process whose resident
+memory would exceed its memory limit is killed (:meth:`EmulatorState.check_memory`): it answers nothing
+until it is restarted, and a restart that needs more than the limit at boot is killed again.
+
 Section numbers (§) refer to docs/sandbox.md, "The emulated management API".
 """
 
@@ -28,10 +33,16 @@ from gatewayscope.sandbox.bifrost_emulator.model import ProviderRecord
 STACK_BYTES_LOW = 2 * 1024
 STACK_BYTES_HIGH = 8 * 1024
 
+#: the emulated process (§7): stack bytes per goroutine, memory held besides the workers, goroutines besides them
+DEFAULT_STACK_BYTES_PER_GOROUTINE = 8 * 1024
+DEFAULT_BASELINE_MEMORY_BYTES = 64 * 1024 * 1024
+DEFAULT_BASELINE_GOROUTINES = 64
+
 #: fault targets that are not a provider name
 ANY = "*"
 LIST = "@list"
 CONFIG = "@config"
+METRICS = "@metrics"
 
 FAULT_KINDS = ("error", "slow", "no_answer", "delete_after_read", "garbage")
 
@@ -45,12 +56,39 @@ class Pool:
     restarts: int = 0
 
 
+@dataclass(frozen=True)
+class ProcessModel:
+    """The emulated gateway's process (§7): what it holds besides the workers, and its memory limit.
+
+    Goroutines = ``baseline_goroutines`` + every running worker; resident memory =
+    ``baseline_memory_bytes`` + goroutines x ``stack_bytes_per_goroutine``. ``memory_limit_bytes`` None:
+    no limit (the process is never killed).
+    """
+
+    stack_bytes_per_goroutine: int = DEFAULT_STACK_BYTES_PER_GOROUTINE
+    baseline_memory_bytes: int = DEFAULT_BASELINE_MEMORY_BYTES
+    baseline_goroutines: int = DEFAULT_BASELINE_GOROUTINES
+    memory_limit_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.stack_bytes_per_goroutine < 1 or self.baseline_memory_bytes < 0 or self.baseline_goroutines < 0:
+            raise ValueError("stack bytes per goroutine must be positive, the baselines zero or more")
+        if self.memory_limit_bytes is not None and self.memory_limit_bytes < 1:
+            raise ValueError("the memory limit must be positive (None: no limit)")
+
+    def goroutines(self, workers: int) -> int:
+        return self.baseline_goroutines + workers
+
+    def resident_memory_bytes(self, workers: int) -> int:
+        return self.baseline_memory_bytes + self.goroutines(workers) * self.stack_bytes_per_goroutine
+
+
 @dataclass
 class Fault:
     """One injected misbehaviour, matched on (method, target) and used up after ``times`` matches.
 
     ``target`` is a provider name, :data:`LIST` (``GET /api/providers``), :data:`CONFIG`
-    (``/api/config``) or :data:`ANY`. ``times=None`` never runs out.
+    (``/api/config``), :data:`METRICS` (``GET /metrics``) or :data:`ANY`. ``times=None`` never runs out.
 
     kinds:
       * ``error``: answer ``status``/``message`` in the error envelope. With ``apply_write`` the request
@@ -120,10 +158,22 @@ class LoggedRequest:
 class EmulatorState:
     """Store, pools, global config, faults and request log of one emulator, behind one lock."""
 
-    def __init__(self, *, request_log_limit: int = 10_000) -> None:
+    def __init__(self, *, request_log_limit: int = 10_000, process: ProcessModel | None = None) -> None:
         self.lock = threading.RLock()
         self.records: dict[str, ProviderRecord] = {}
         self.pools: dict[str, Pool] = {}
+        self.process = process or ProcessModel()
+        #: workers of old pools still running beside their record's new pool (an update's overlap, §3)
+        self.retiring: dict[str, list[int]] = {}
+        #: killed for going over the memory limit: answers nothing until restarted (§7)
+        self.dead = False
+        self.deaths = 0
+        self.death_reason: str | None = None
+        #: the most resident memory the process held since it booted (never above the limit)
+        self.peak_resident_bytes = self.process.resident_memory_bytes(0)
+        self.started_at = time.time()
+        #: answered requests by (route, method, status), for the metrics' http_requests_total
+        self.http_requests: dict[tuple[str, str, str], int] = {}
         self.config = GlobalConfig()
         self.sessions: set[str] = set()
         self.faults: list[Fault] = []
@@ -133,17 +183,81 @@ class EmulatorState:
 
     # -- store + pools ---------------------------------------------------------------------------
 
-    def load(self, records: list[ProviderRecord], config: GlobalConfig | None = None) -> None:
+    def load(self, records: list[ProviderRecord], config: GlobalConfig | None = None) -> bool:
         """Replace the store with ``records`` as they were at boot: every buildable record's pool is
-        started once, with no restarts counted."""
+        started once, with no restarts counted. A fresh process: deaths are forgotten. Returns whether it
+        survives its boot (False: killed while it boots, §7)."""
         with self.lock:
             self.records = {r.name: copy.deepcopy(r) for r in records}
-            self.pools = {}
-            for record in self.records.values():
-                if record.buildable:
-                    self.pools[record.name] = Pool(max(0, record.concurrency), max(0, record.buffer_size))
             if config is not None:
                 self.config = copy.deepcopy(config)
+            self.deaths = 0
+            return self.boot()
+
+    def boot(self) -> bool:
+        """Start the process again over the stored records (a restart, §7): every buildable record's pool
+        starts, no overlap runs, the restart counts are zero. Returns False when the boot needs more than the
+        memory limit: the process is killed again (``deaths`` counts it)."""
+        with self.lock:
+            self.pools = {name: Pool(max(0, r.concurrency), max(0, r.buffer_size))
+                          for name, r in self.records.items() if r.buildable}
+            self.retiring = {}
+            self.dead = False
+            self.death_reason = None
+            self.peak_resident_bytes = 0
+            self.started_at = time.time()
+            return self.check_memory("boot")
+
+    # -- the process (§7) ------------------------------------------------------------------------
+
+    def running_workers(self) -> int:
+        """Worker goroutines running now: every pool's, plus old pools still retiring."""
+        with self.lock:
+            return sum(p.workers for p in self.pools.values()) + sum(sum(w) for w in self.retiring.values())
+
+    def resident_memory_bytes(self) -> int:
+        return self.process.resident_memory_bytes(self.running_workers())
+
+    def boot_memory_bytes(self) -> int:
+        """What a restart would hold once booted: the baseline plus every stored buildable record's workers."""
+        with self.lock:
+            workers = sum(max(0, r.concurrency) for r in self.records.values() if r.buildable)
+        return self.process.resident_memory_bytes(workers)
+
+    def check_memory(self, what: str) -> bool:
+        """After ``what`` changed the running workers: is the process still within its memory limit? When it
+        is not, it is killed (``dead``, counted in ``deaths``, ``death_reason`` says what did it)."""
+        with self.lock:
+            resident = self.resident_memory_bytes()
+            limit = self.process.memory_limit_bytes
+            if limit is not None and resident > limit:
+                self.dead = True
+                self.deaths += 1
+                self.death_reason = (f"{what}: resident memory would reach {resident} bytes, over the memory "
+                                     f"limit of {limit} bytes")
+                return False
+            self.peak_resident_bytes = max(self.peak_resident_bytes, resident)
+            return True
+
+    def begin_overlap(self, name: str, workers: int) -> None:
+        """An old pool of ``workers`` keeps running beside its record's new one (an update's overlap)."""
+        with self.lock:
+            if workers > 0:
+                self.retiring.setdefault(name, []).append(workers)
+
+    def end_overlap(self, name: str, workers: int) -> None:
+        """The old pool of an overlap has retired (nothing to do after a restart cleared it)."""
+        with self.lock:
+            running = self.retiring.get(name)
+            if running and workers in running:
+                running.remove(workers)
+                if not running:
+                    del self.retiring[name]
+
+    def count_request(self, route: str, method: str, status: int) -> None:
+        with self.lock:
+            key = (route, method, str(status))
+            self.http_requests[key] = self.http_requests.get(key, 0) + 1
 
     def store_record(self, record: ProviderRecord, *, restart: bool) -> bool:
         """Store ``record``; when ``restart``, (re)start its pool as UpdateProvider does.
@@ -166,6 +280,12 @@ class EmulatorState:
         with self.lock:
             self.pools.pop(name, None)
             return self.records.pop(name, None) is not None
+
+    def previous_workers(self, name: str) -> int:
+        """The workers of the record's running pool (0 without one)."""
+        with self.lock:
+            pool = self.pools.get(name)
+            return pool.workers if pool else 0
 
     def get_record(self, name: str) -> ProviderRecord | None:
         """A deep copy of the stored record (unmasked), or None."""
@@ -218,6 +338,7 @@ class EmulatorState:
                     "low_bytes": workers * STACK_BYTES_LOW,
                     "high_bytes": workers * STACK_BYTES_HIGH,
                 },
+                "runtime": self.runtime_snapshot(),
                 "posture": {
                     "drop_excess_requests": client.get("drop_excess_requests"),
                     "enforce_auth_on_inference": client.get("enforce_auth_on_inference"),
@@ -227,6 +348,27 @@ class EmulatorState:
                 "faults": [f.to_json() for f in self.faults],
             }
 
+    def runtime_snapshot(self) -> dict[str, Any]:
+        """The process (§7): goroutines, stacks, resident and boot memory, the limit, deaths."""
+        with self.lock:
+            process = self.process
+            running = self.running_workers()
+            return {
+                "stack_bytes_per_goroutine": process.stack_bytes_per_goroutine,
+                "baseline_memory_bytes": process.baseline_memory_bytes,
+                "baseline_goroutines": process.baseline_goroutines,
+                "running_workers": running,
+                "retiring_workers": sum(sum(w) for w in self.retiring.values()),
+                "goroutines": process.goroutines(running),
+                "resident_memory_bytes": process.resident_memory_bytes(running),
+                "peak_resident_memory_bytes": self.peak_resident_bytes,
+                "boot_memory_bytes": self.boot_memory_bytes(),
+                "memory_limit_bytes": process.memory_limit_bytes,
+                "dead": self.dead,
+                "deaths": self.deaths,
+                "death_reason": self.death_reason,
+            }
+
     # -- faults ----------------------------------------------------------------------------------
 
     def add_fault(self, fault: Fault) -> Fault:
@@ -234,7 +376,7 @@ class EmulatorState:
             raise ValueError(f"unknown fault kind {fault.kind!r}; one of {', '.join(FAULT_KINDS)}")
         if fault.mode not in ("close", "hang"):
             raise ValueError("no_answer mode must be 'close' or 'hang'")
-        if fault.kind == "delete_after_read" and fault.target in (ANY, LIST, CONFIG):
+        if fault.kind == "delete_after_read" and fault.target in (ANY, LIST, CONFIG, METRICS):
             raise ValueError("delete_after_read needs a provider name as target")
         with self.lock:
             fault.id = next(self._fault_ids)

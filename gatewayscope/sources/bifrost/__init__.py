@@ -1,6 +1,7 @@
 """Bifrost's management API, split by job: the HTTP plumbing and its errors (:mod:`.client`), the read that
 turns a gateway into a BifrostData (:mod:`.read`), the writes apply makes (:mod:`.write`), secret redaction and
-record fingerprints (:mod:`.redact`), and the DNS checks of base URL hosts (:mod:`.dns`).
+record fingerprints (:mod:`.redact`), the DNS checks of base URL hosts (:mod:`.dns`), and the gateway's own
+runtime metrics (:mod:`.metrics`).
 
 The names callers use are importable from here; each submodule loads on first use of one of its names (the
 client alone loads httpx, which a scan of rLLM stores only does not need).
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
         DNS_TIMEOUT_SECONDS,
         HostResolver,
         base_url_host,
+    )
+    from gatewayscope.sources.bifrost.metrics import (
+        METRICS_MAX_BODY_BYTES,
+        parse_runtime_metrics,
+        read_runtime_metrics,
     )
     from gatewayscope.sources.bifrost.read import (
         DEFAULT_BUFFER_SIZE,
@@ -51,6 +57,7 @@ __all__ = [
     "DNS_CACHE_TTL_SECONDS",
     "DNS_TIMEOUT_SECONDS",
     "DROPPED_MESSAGE",
+    "METRICS_MAX_BODY_BYTES",
     "POOL_FIELDS",
     "PUT_PROVIDER_TIMEOUT",
     "SAFE_CLIENT_CONFIG_KEYS",
@@ -62,7 +69,9 @@ __all__ = [
     "auth_source_text",
     "base_url_host",
     "client_for",
+    "parse_runtime_metrics",
     "read_bifrost",
+    "read_runtime_metrics",
     "reader_for",
     "record_fingerprint",
     "record_row",
@@ -84,6 +93,7 @@ _SOURCES: dict[str, str] = {
     "DNS_TIMEOUT_SECONDS": "dns",
     "DROPPED_MESSAGE": "client",
     "HostResolver": "dns",
+    "METRICS_MAX_BODY_BYTES": "metrics",
     "POOL_FIELDS": "redact",
     "PUT_PROVIDER_TIMEOUT": "write",
     "RequestDroppedError": "client",
@@ -91,6 +101,8 @@ _SOURCES: dict[str, str] = {
     "auth_source_text": "client",
     "base_url_host": "dns",
     "client_for": "write",
+    "parse_runtime_metrics": "metrics",
+    "read_runtime_metrics": "metrics",
     "read_bifrost": "read",
     "reader_for": "read",
     "record_fingerprint": "redact",

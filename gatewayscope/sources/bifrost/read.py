@@ -8,6 +8,7 @@ each distinct base URL host resolves from here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from gatewayscope.snapshot import RECORDS_SCHEMA, BifrostData, frame_from_rows
 from gatewayscope.sources._gcpause import gc_paused
 from gatewayscope.sources.bifrost.client import BifrostApi, describe_json
 from gatewayscope.sources.bifrost.dns import DEFAULT_RESOLVER, HostResolver, base_url_host
+from gatewayscope.sources.bifrost.metrics import read_runtime_metrics
 from gatewayscope.sources.bifrost.redact import POOL_FIELDS, record_fingerprint, redact_url, safe_client_config
 
 #: the gateway's defaults when a record leaves its pool unset (core DefaultConcurrency/DefaultBufferSize)
@@ -129,28 +131,9 @@ def record_row(record: dict[str, Any], *, fingerprint: bool = True) -> dict[str,
     }
 
 
-def read_bifrost(
-    target: Target,
-    policy: Policy,
-    *,
-    transport: httpx.BaseTransport | None = None,
-    resolver: HostResolver | Callable[[str], Any] | None = None,
-    now: float | None = None,
-    fingerprints: bool = True,
-) -> BifrostData:
-    """Read one Bifrost gateway into a :class:`BifrostData` (sanitized records, safe client settings).
-
-    Lists the provider records, reads the global config, health and version, and checks whether each
-    distinct base URL host resolves from here (``target.concurrency`` lookups at once, each bounded).
-    ``resolver`` is a :class:`HostResolver`, or a plain ``lookup(host)`` callable that raises when the
-    host does not resolve (wrapped in a fresh resolver without the process cache); ``now`` (epoch
-    seconds, the snapshot's time) stamps and ages the DNS cache. ``policy`` is accepted for symmetry
-    with the other sources; reading does not depend on it. ``fingerprints=False`` skips each record's
-    plan fingerprint (a read that only reports, like the exporter's, has no use for it; a plan refuses
-    such a read). Raises the client's typed errors when the listing or config fails; a failing health or
-    version check is recorded in ``health``/``version``.
-    """
-    del policy  # the read is the same under every policy
+def _read_management(target: Target, transport: httpx.BaseTransport | None
+                     ) -> tuple[list[dict[str, Any]], dict[str, Any], str | None, str | None]:
+    """(providers, config, health, version) from the management API."""
     with reader_for(target, transport=transport) as client:
         providers = client.list_providers()
         config = client.get_config()
@@ -162,6 +145,39 @@ def read_bifrost(
             version: str | None = client.version()
         except (HTTPStatusError, BadResponseError):
             version = None
+    return providers, config, health, version
+
+
+def read_bifrost(
+    target: Target,
+    policy: Policy,
+    *,
+    transport: httpx.BaseTransport | None = None,
+    resolver: HostResolver | Callable[[str], Any] | None = None,
+    now: float | None = None,
+    fingerprints: bool = True,
+) -> BifrostData:
+    """Read one Bifrost gateway into a :class:`BifrostData` (sanitized records, safe client settings).
+
+    Lists the provider records, reads the global config, health and version, the gateway's own runtime
+    metrics (optional: a failure there is kept as ``runtime_error`` and the read goes on; see
+    :mod:`~gatewayscope.sources.bifrost.metrics`), and checks whether each distinct base URL host resolves
+    from here (``target.concurrency`` lookups at once, each bounded).
+    ``resolver`` is a :class:`HostResolver`, or a plain ``lookup(host)`` callable that raises when the
+    host does not resolve (wrapped in a fresh resolver without the process cache); ``now`` (epoch
+    seconds, the snapshot's time) stamps and ages the DNS cache. ``policy`` is accepted for symmetry
+    with the other sources; reading does not depend on it. ``fingerprints=False`` skips each record's
+    plan fingerprint (a read that only reports, like the exporter's, has no use for it; a plan refuses
+    such a read). Raises the client's typed errors when the listing or config fails; a failing health or
+    version check is recorded in ``health``/``version``.
+    """
+    del policy  # the read is the same under every policy
+    # the metrics come from another route (or host): read them while the management API is read
+    auth = target.auth.resolve() if target.auth is not None else None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gatewayscope-bifrost-metrics") as pool:
+        metrics = pool.submit(read_runtime_metrics, target, transport=transport, auth=auth)
+        providers, config, health, version = _read_management(target, transport)
+        runtime, runtime_error = metrics.result()
     with gc_paused():
         records = frame_from_rows([record_row(record, fingerprint=fingerprints) for record in providers],
                                   RECORDS_SCHEMA)
@@ -184,4 +200,6 @@ def read_bifrost(
         version=version,
         health=health,
         auth_enabled=auth_enabled if isinstance(auth_enabled, bool) else None,
+        runtime=runtime,
+        runtime_error=runtime_error,
     )
