@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# `make bench BENCH_SCALE=0.1` runs the scaling rows at a tenth of the issue's store sizes (1M, 10M and 100k
+# `make bench BENCH_SCALE=0.1` runs the scaling rows at a tenth of their full store sizes (1M, 10M and 100k
 # sessions); BENCH_ARGS passes further flags to `python -m bench` (for example `--only cli-startup`)
 BENCH_SCALE ?= 1
 BENCH_ARGS ?=
@@ -26,6 +26,8 @@ help:
 	@echo "make demo     - create .venv, start a real rLLM gateway with real stragglers, scan it"
 	@echo "make test     - create .venv (and .venv-upstream), run ruff, mypy and every test"
 	@echo "make lint     - ruff and mypy only"
+	@echo "make unit     - the fast loop: the tests that start no process (well under a minute)"
+	@echo "make e2e      - the tests that start real processes (gateways, Prometheus, kernels, a browser)"
 	@echo "make bench    - run the benchmarks, print one table (BENCH_SCALE=0.1: smaller stores)"
 	@echo "make upstream - install the upstream rLLM gateway ($(UPSTREAM_ARCHIVE)) into $(UPSTREAM_VENV)"
 
@@ -41,7 +43,9 @@ $(STAMP): pyproject.toml
 $(UPSTREAM_STAMP): pyproject.toml $(wildcard $(UPSTREAM_ARCHIVE))
 	@rm -rf $(UPSTREAM_VENV)
 	@mkdir -p $(UPSTREAM_VENV)
-	@if [ ! -f "$(UPSTREAM_ARCHIVE)" ]; then \
+	@if [ "$(UPSTREAM_ARCHIVE)" = none ]; then \
+	  echo "UPSTREAM_ARCHIVE=none: the upstream-main gateway cases are skipped" | tee $(UPSTREAM_UNAVAILABLE); \
+	elif [ ! -f "$(UPSTREAM_ARCHIVE)" ]; then \
 	  echo "$(UPSTREAM_ARCHIVE) not found (from $(CURDIR)); the upstream-main gateway cases are skipped" \
 	    | tee $(UPSTREAM_UNAVAILABLE); \
 	elif ! { echo "installing the upstream rLLM gateway into $(UPSTREAM_VENV) (about 600 MB; log: $(UPSTREAM_LOG))" \
@@ -69,6 +73,14 @@ lint: $(STAMP)
 
 test: lint $(UPSTREAM_STAMP)
 	$(BIN)/python -m pytest --doctest-modules gatewayscope tests $(PYTEST_ARGS)
+
+# the fast loop after each edit: every test neither e2e nor slow, with starting a process refused
+# (tests/conftest.py); `make e2e` runs the rest, `make test` everything
+unit: $(STAMP)
+	GATEWAYSCOPE_UNIT_TESTS=1 $(BIN)/python -m pytest -m "not e2e and not slow" -n 6 --doctest-modules gatewayscope tests $(PYTEST_ARGS)
+
+e2e: $(STAMP) $(UPSTREAM_STAMP)
+	$(BIN)/python -m pytest -m "e2e or slow" tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --scale $(BENCH_SCALE) $(BENCH_ARGS)

@@ -32,10 +32,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--small", action="store_const", const="small", dest="size",
                         help="small fixtures (a quick look; ratios at this size say little)")
     parser.add_argument("--size", choices=("full", "small", "tiny"), dest="size",
-                        help="fixture size: full (default, the issue's sizes), small, tiny (smoke test)")
+                        help="fixture size: full (default: 1M, 10M and 100k sessions, docs/performance.md), "
+                             "small, tiny (smoke test)")
     parser.add_argument("--scale", type=float, default=1.0, metavar="F",
                         help="multiply the full-size stores (1M, 10M, 100k sessions) by F, from 0.0001 to 1 "
-                             "(default 1: the issue's sizes)")
+                             "(default 1: the full sizes)")
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="run only this benchmark (repeatable)")
     parser.add_argument("--all", action="store_true",

@@ -49,12 +49,6 @@ def emulator_resolver(host: str) -> list[str]:
 
 # -- processes --------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def wait_http(url: str, proc: Any, *, timeout: float = 60.0) -> None:
     """Wait until ``url`` answers 200 (raise BenchError with the process's exit when it dies first)."""
     import httpx
@@ -146,6 +140,8 @@ class Emulator:
 def run_emulator(records: int, *, dead_fraction: float = 0.15, latency: float = 0.0) -> Iterator[Emulator]:
     """The Bifrost emulator in its own process with ``records`` records (and ``latency`` s on every
     provider and config call, through its own ``slow`` fault)."""
+    from gatewayscope.sandbox.processes import free_port
+
     port = free_port()
     argv = child_command(MODULE, "emulator", str(port), str(records), repr(dead_fraction), repr(latency))
     with Child(argv) as child:

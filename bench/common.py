@@ -54,7 +54,7 @@ def default_cache_dir() -> Path:
 class BenchContext:
     """How a benchmark should run: its size, how many runs, where its cached fixtures live."""
 
-    #: "full" (the issue's sizes), "small" (a quick look) or "tiny" (the smoke test)
+    #: "full" (the sizes of docs/performance.md#the-rows), "small" (a quick look) or "tiny" (the smoke test)
     size: str = "full"
     #: runs per measured side; None lets the benchmark choose (3 full, more when small)
     runs: int | None = None
@@ -119,7 +119,7 @@ class BenchResult:
     """One row of the table."""
 
     name: str
-    #: the row of the issue's table this result answers (the table's first column); the name when empty
+    #: what the row measures, in words (the table's first column); the name when empty
     row: str = ""
     ours_seconds: float | None = None
     baseline_seconds: float | None = None
@@ -145,7 +145,7 @@ class BenchResult:
         return self.error is None and not self.missed
 
 
-#: the table's row order: issue 17's rows first, then the earlier benchmarks' (others after, as registered)
+#: the table's row order: the scaling rows first, then the others (any not named here after, as registered)
 TABLE_ORDER = ("sqlite-cli-scan", "sqlite-cli-scan-guarded", "exporter-guarded-10m", "memory-store-scan-guarded",
                "memory-store-scan", "exporter-unguarded-1m", "guard-chat-memory-0.1.0", "guard-chat-sqlite-0.1.0",
                "guard-chat-memory-upstream", "guard-chat-sqlite-upstream", "dispatch-estimate-0.1.0",

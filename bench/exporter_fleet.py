@@ -72,7 +72,8 @@ class _Exporter:
     """A real ``gatewayscope export`` process on a free port."""
 
     def __init__(self, config: Path) -> None:
-        from bench._support import Child, free_port, wait_http
+        from bench._support import Child, wait_http
+        from gatewayscope.sandbox.processes import free_port
 
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"

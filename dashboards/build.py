@@ -199,7 +199,7 @@ class Selectors:
 
 # == Prometheus rules =====================================================================================
 
-#: the notebook an alert's engineer opens (README, "Notebooks")
+#: the notebook an alert's engineer opens (docs/notebooks.md)
 TRIAGE = "notebooks/triage.ipynb"
 REMEDIATE = "notebooks/remediate.ipynb"
 

@@ -133,7 +133,8 @@ def take_snapshot(
 
 
 def target_report(found: TargetFindings) -> dict[str, Any]:
-    """The stable JSON shape of one target in ``scan --format json`` (documented in README), from its findings."""
+    """The stable JSON shape of one target in ``scan --format json`` (docs/cli.md#scan---format-json), from its
+    findings."""
     entry: dict[str, Any] = {
         "name": found.name,
         "kind": found.kind,

@@ -45,11 +45,10 @@ from typing import Any, Protocol
 import pytest
 
 from gatewayscope.sandbox.processes import RllmGatewayProcess, start_rllm_gateway, start_stub_worker
+from tests.helpers import PYPI, UPSTREAM
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PYPI = "pypi-0.1.0"
-UPSTREAM = "upstream-main"
 GATEWAY_FLAVORS = (PYPI, UPSTREAM)
 
 #: the environment ``make test`` installs the upstream gateway into (see the Makefile)
@@ -343,3 +342,32 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(f"    skipped: {reason}")
     if _TALLY.verdict:
         terminalreporter.write_line(_TALLY.verdict, red=True, bold=True)
+
+
+# -- make unit: no process started ---------------------------------------------------------------------------
+
+#: set by ``make unit``: a test that is not marked e2e and starts a process fails, saying to move it
+UNIT_ONLY_ENV = "GATEWAYSCOPE_UNIT_TESTS"
+E2E_DIR = Path(__file__).resolve().parent / "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e/ is an e2e test, whether or not its module says so."""
+    for item in items:
+        if E2E_DIR in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_in_unit_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``make unit`` (``$GATEWAYSCOPE_UNIT_TESTS`` set), starting a process fails the test: the fast loop
+    stays fast and says so when a test outgrows it."""
+    if not os.environ.get(UNIT_ONLY_ENV) or request.node.get_closest_marker("e2e"):
+        return
+    import subprocess
+
+    def refuse(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"a unit test started a process ({args!r}): move it to tests/e2e/ (make e2e runs it)")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

@@ -17,6 +17,16 @@ import pytest
 
 from gatewayscope.sandbox.processes import ManagedProcess, start_on_free_port
 
+#: the two rLLM gateway flavours the tests run on (the ``gateway_flavor`` fixtures)
+PYPI = "pypi-0.1.0"
+UPSTREAM = "upstream-main"
+#: the fixed "now" of the tests that build snapshots by hand (2025-06-15 15:06:40 UTC)
+NOW = 1_750_000_000.0
+#: the repository, its docs and its README
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+
 T = TypeVar("T")
 
 
@@ -87,3 +97,19 @@ def age(path: str | Path, session_ids: list[str], seconds: float) -> None:
 def session_counts(path: Path) -> dict[str, int]:
     with sqlite3.connect(path) as conn:
         return dict(conn.execute("SELECT session_id, COUNT(*) FROM trace_sessions GROUP BY session_id").fetchall())
+
+
+def python_examples(path: Path) -> list[tuple[int, str]]:
+    """(line number, code) of every ```python block of a Markdown file."""
+    out: list[tuple[int, str]] = []
+    block: list[str] | None = None
+    start = 0
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if block is None and line.strip() == "```python":
+            block, start = [], number + 1
+        elif block is not None and line.strip() == "```":
+            out.append((start, "\n".join(block)))
+            block = None
+        elif block is not None:
+            block.append(line)
+    return out

@@ -17,6 +17,9 @@ import pytest
 from bench.common import BenchResult, Check, render_table
 from bench.guard_throughput import upstream_python
 
+#: every test here starts a process (make e2e runs them)
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parent.parent
 
 pytest.importorskip("rllm_model_gateway.store.sqlite_store")

@@ -12,9 +12,8 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
-README = ROOT / "README.md"
+from tests.helpers import DOCS, README, ROOT, python_examples
+
 README_MAX_BYTES = 10_240
 REGENERATE_METRICS = ".venv/bin/python docs/gen_metrics.py"
 
@@ -146,22 +145,6 @@ def test_the_readme_is_at_most_10_kb() -> None:
         f"README.md is {size:,} bytes, over {README_MAX_BYTES:,}: move the detail to a page under docs/")
 
 
-def python_examples(path: Path) -> list[tuple[int, str]]:
-    """(line number, code) of every ```python block of a Markdown file."""
-    out: list[tuple[int, str]] = []
-    block: list[str] | None = None
-    start = 0
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if block is None and line.strip() == "```python":
-            block, start = [], number + 1
-        elif block is not None and line.strip() == "```":
-            out.append((start, "\n".join(block)))
-            block = None
-        elif block is not None:
-            block.append(line)
-    return out
-
-
 @pytest.mark.parametrize("path", [README, DOCS / "python-api.md"], ids=lambda p: str(p.relative_to(ROOT)))
 def test_python_examples_compile_and_use_only_the_public_api(path: Path) -> None:
     """The examples run against the sandbox in tests/e2e/test_docs_examples.py; here they must parse, and
@@ -260,3 +243,111 @@ def test_nothing_cites_a_document_outside_the_repository(folder: str) -> None:
     hits = outside_references(scanned_files(folder))
     assert not hits, (f"{len(hits)} reference(s) under {folder}/ to documents outside this repository; state the "
                       "rule itself or link the page of docs/ that states it:\n" + "\n".join(hits))
+
+
+# -- the package map and the pointers -----------------------------------------------------------------------
+
+_MAP_NAME = re.compile(r"[\w.]+(/|\.py)")
+
+
+def package_map(text: str) -> set[str]:
+    """The module paths (``sources/bifrost/read.py``) concepts.md's package map names under ``gatewayscope/``:
+    each entry line (two spaces a level), and the ``NAME.py`` names a package's own lines list."""
+    start = text.index("\ngatewayscope/\n") + 1
+    named: set[str] = set()
+    packages: list[str] = []  # the package of each level: packages[0] is the top level
+    owner = ""  # the package whose lines these are
+    for line in text[start:].splitlines()[1:]:
+        if line.startswith("```") or (line and not line.startswith(" ")):
+            break  # the fence, or dashboards/ and the other top-level folders
+        indent = len(line) - len(line.lstrip(" "))
+        token = line.strip().split(" ")[0].rstrip(",")
+        if indent % 2 == 0 and _MAP_NAME.fullmatch(token):
+            level = indent // 2 - 1
+            del packages[level:]
+            parent = "".join(packages)
+            if token.endswith("/"):
+                packages.append(token)
+                owner = parent + token
+                listed = line.strip()[len(token):]
+            else:
+                named.add(parent + token)
+                owner = parent
+                listed = line.strip()[len(token):] if "," in line.strip()[:len(token) + 1] else ""
+        else:
+            listed = line
+        named.update(owner + name for name in re.findall(r"(?<![/\w])\w+\.py\b", listed))
+    return named
+
+
+def test_the_package_map_parser() -> None:
+    text = ("x\n```text\ngatewayscope/\n  a.py         one\n  pkg/         two: b.py, c.py\n"
+            "                 d.py (continued)\n    e.py       three\n    sub/     four\n      f.py   five\n"
+            "    g.py, h.py   six\n  i.py  seven\ndashboards/  no\n  z.py\n```\n")
+    assert package_map(text) == {"a.py", "pkg/b.py", "pkg/c.py", "pkg/d.py", "pkg/e.py", "pkg/sub/f.py",
+                                 "pkg/g.py", "pkg/h.py", "i.py"}
+
+
+def test_every_module_is_in_the_package_map() -> None:
+    named = package_map((DOCS / "concepts.md").read_text(encoding="utf-8"))
+    package = ROOT / "gatewayscope"
+    modules = {path.relative_to(package).as_posix() for path in package.rglob("*.py")
+               if "__pycache__" not in path.parts and not (path.name == "__init__.py" and path.parent != package)}
+    assert sorted(modules - named) == [], "docs/concepts.md's package map lacks these modules"
+    assert sorted(named - modules) == [], "docs/concepts.md's package map names modules that are not there"
+
+
+#: a pointer from code to a page of docs/, with the section it names
+_DOCS_POINTER = re.compile(r"docs/([\w-]+\.md)(?:#([\w-]+))?")
+#: a pointer to a part of the README (its reference pages are under docs/: point there)
+_README_POINTER = re.compile(r"\b(?:see|in|documented in) README\b|\bREADME, ")
+#: a work log in code or docs: the issue a thing came from, its sizes or its table
+_WORK_LOG = re.compile(r"\bissue \d+\b|\bthe issue's\b", re.IGNORECASE)
+POINTING = [*sorted((ROOT / "gatewayscope").rglob("*.py")), *sorted((ROOT / "bench").rglob("*.py")),
+            ROOT / "dashboards" / "build.py", ROOT / "Makefile"]
+
+
+def pointer_problems(path: Path, text: str) -> list[str]:
+    """Each pointer of ``text`` that names a page or a section that is not there, a README section, or an issue."""
+    problems = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        where = f"{path.relative_to(ROOT)}:{number}"
+        for page, anchor in _DOCS_POINTER.findall(line):
+            target = DOCS / page
+            if not target.exists():
+                problems.append(f"{where}: docs/{page} does not exist")
+            elif anchor and anchor not in anchors(target.read_text(encoding="utf-8")):
+                problems.append(f"{where}: docs/{page} has no heading for #{anchor}")
+        if _README_POINTER.search(line):
+            problems.append(f"{where}: points at a README section; name the page under docs/ instead")
+        if _WORK_LOG.search(line):
+            problems.append(f"{where}: speaks of an issue; say what the thing is")
+    return problems
+
+
+def test_the_pointer_rules(tmp_path: Path) -> None:
+    text = ("docs/cli.md#scan---format-json fine\ndocs/nowhere.md\ndocs/cli.md#no-such-part\n"
+            "(see README, Performance)\nthe issue's sizes\n")
+    assert [p.split(": ", 1)[1] for p in pointer_problems(ROOT / "x.py", text)] == [
+        "docs/nowhere.md does not exist", "docs/cli.md has no heading for #no-such-part",
+        "points at a README section; name the page under docs/ instead", "speaks of an issue; say what the thing is"]
+
+
+@pytest.mark.parametrize("path", POINTING, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_pointer_in_code_names_a_section_that_is_there(path: Path) -> None:
+    if "__pycache__" in path.parts:
+        pytest.skip("bytecode")
+    assert pointer_problems(path, path.read_text(encoding="utf-8")) == []
+
+
+def test_the_docs_keep_no_work_log() -> None:
+    problems = [p for page in sorted(DOCS.glob("*.md")) for p in pointer_problems(page, page.read_text(
+        encoding="utf-8")) if "speaks of an issue" in p]
+    assert problems == []
+
+
+def test_the_tour_and_the_api_section_tell_the_same_tally() -> None:
+    """README's tour and its Python API section apply the same plan to the same sandbox: the same count."""
+    text = README.read_text(encoding="utf-8")
+    counts = re.findall(r"(\d+) done, 0 refused", text)
+    assert len(counts) >= 2 and len(set(counts)) == 1, counts

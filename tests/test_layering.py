@@ -236,3 +236,40 @@ def test_each_spelling_of_an_import_is_an_edge(tmp_path: Path, statement: str) -
     })
     runtime, _ = import_graph(root)
     assert runtime["gatewayscope.sources.reader"] == {"gatewayscope.guard.sqlite"}
+
+
+# -- the tests: each module stands alone ------------------------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+
+
+def imports_between_test_modules(root: Path = TESTS) -> list[str]:
+    """``module imports name from other`` for every import of a test module (or a conftest) by a module under
+    ``root``: what tests share lives in helpers (tests/helpers.py, tests/factories.py, tests/e2e/_support.py)
+    and fixtures in a conftest.py. Returns the offences (the test below wants none)."""
+    offences = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node, _ in _imports(tree):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            for name in names:
+                last = name.rsplit(".", 1)[-1]
+                if name.startswith("tests.") and (last.startswith("test_") or last == "conftest"):
+                    offences.append(f"{path.relative_to(root.parent)} imports {name}")
+    return offences
+
+
+def test_no_test_module_imports_another() -> None:
+    assert imports_between_test_modules() == []
+
+
+def test_an_import_of_a_test_module_or_a_conftest_is_found(tmp_path: Path) -> None:
+    files = {"helpers.py": "from tests.e2e._support import x\n",
+             "e2e/test_a.py": "from tests.e2e.test_b import fixture\n",
+             "e2e/test_c.py": "import tests.conftest\nfrom tests import helpers\n"}
+    root = tmp_path / "tests"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text, encoding="utf-8")
+    assert imports_between_test_modules(root) == ["tests/e2e/test_a.py imports tests.e2e.test_b",
+                                                  "tests/e2e/test_c.py imports tests.conftest"]

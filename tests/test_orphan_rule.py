@@ -210,6 +210,7 @@ def test_the_in_process_guard_keeps_exactly_what_the_fence_says(ops: list[tuple[
     assert asyncio.run(replay()) == expected_store(ops, moments)
 
 
+@pytest.mark.slow  # seconds of real time: make e2e runs it
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=steps)
 def test_the_sqlite_guard_keeps_exactly_what_the_fence_says(tmp_path_factory: pytest.TempPathFactory,

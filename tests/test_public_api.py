@@ -44,6 +44,7 @@ def imported(importtime_stderr: str) -> set[str]:
 
 # -- import cost --------------------------------------------------------------------------------------------
 
+@pytest.mark.e2e  # starts a process
 def test_import_gatewayscope_loads_no_dataframe_template_or_notebook_library() -> None:
     run = python("import gatewayscope", "-X", "importtime")
     assert run.returncode == 0, run.stderr
@@ -54,6 +55,7 @@ def test_import_gatewayscope_loads_no_dataframe_template_or_notebook_library() -
     assert sorted(m for m in modules if m.startswith("gatewayscope.")) == []
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_notebook_controllers_import_without_ipywidgets_and_the_views_load_it_on_use() -> None:
     run = python("import sys, gatewayscope.notebook as nb\n"
                  "from gatewayscope.notebook import ScanController, PlanController\n"
@@ -64,6 +66,7 @@ def test_the_notebook_controllers_import_without_ipywidgets_and_the_views_load_i
     assert run.stdout.split() == ["False", "True"]
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_views_without_ipywidgets_say_which_extra_to_install() -> None:
     # ipywidgets made unimportable, as in an install without the notebook extra
     run = python("import sys\n"

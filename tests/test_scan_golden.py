@@ -28,11 +28,10 @@ import pytest
 
 import gatewayscope.scan
 from gatewayscope.cli import main
-from tests.helpers import write_store
+from tests.helpers import NOW, write_store
 
 GOLDEN = Path(__file__).parent / "golden"
 #: the scan's clock: every ``taken_at`` and idle age is measured from it
-NOW = 1_750_000_000.0
 HOUR = 3600.0
 
 

@@ -12,6 +12,9 @@ import sys
 
 import pytest
 
+#: every test here starts a process (make e2e runs them)
+pytestmark = pytest.mark.e2e
+
 HEAVY = ("polars", "jinja2", "httpx", "prometheus_client", "ipywidgets", "matplotlib")
 
 

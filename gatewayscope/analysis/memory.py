@@ -254,7 +254,7 @@ def shrink_concurrency(new_pools: Sequence[int], *, requested: int, memory_limit
                        measured: MeasuredFigures | None) -> ShrinkConcurrency:
     """How many pool resizes of one gateway may run at once so that their transient stays within its memory.
 
-    A provider update may start the record's new pool before its old one retires (the issue's newest core;
+    A provider update may start the record's new pool before its old one retires (the newest core;
     the emulator's ``update_overlap``): for a moment the record runs both. Its old pool is already in what
     the gateway holds, so k resizes at once add their k new pools: the k largest of ``new_pools`` (workers)
     at the measured stack per goroutine must fit in the headroom, the limit minus the resident memory minus a

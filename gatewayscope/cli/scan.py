@@ -24,7 +24,7 @@ def register(subparsers: Any) -> None:
     )
     add_target_arguments(parser)
     parser.add_argument("--format", choices=("text", "json"), default="text",
-                        help="text (default) for people, json for programs (shape documented in README)")
+                        help="text (default) for people, json for programs (shape: docs/cli.md#scan---format-json)")
     parser.add_argument("--show-orphans", type=int, default=10, metavar="N",
                         help="list up to N orphan sessions per target in the text view (default 10, 0 = none)")
     parser.add_argument("--save-snapshot", metavar="DIR",

@@ -171,7 +171,7 @@ _SPECS: tuple[MetricSpec, ...] = (
 
 #: every metric the exporter can serve, by exposition name
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
-#: the names of the public contract (the others are the exporter's own, documented in README)
+#: the names of the public contract (the others are the exporter's own; all in docs/metrics.md)
 CONTRACT_METRICS = tuple(name for name in METRICS if not name.startswith("gatewayscope_exporter_"))
 
 

@@ -44,14 +44,15 @@ SCHEMA_VERSION = 1
 STACK_LOW_BYTES = 2 * 1024
 STACK_HIGH_BYTES = 8 * 1024
 
-#: a pace that keeps a 0.1.0 memory gateway's event loop free for real traffic (see README, Performance)
+#: a pace that keeps a 0.1.0 memory gateway's event loop free for real traffic
+#: (docs/performance.md#figures-behind-the-code)
 DEFAULT_DELETES_PER_SECOND = 20.0
 #: without --rate, apply runs one session delete (or batch) at a time per target and pauses after each for
 #: a third of its duration: deletes take at most this share of the gateway's time, whatever they cost there
 DELETE_DUTY = 0.75
 #: what one delete costs the 0.1.0 memory store per session and trace it holds (it scans them all, on the
-#: event loop): about 0.4 us in bench/session_delete.py (36 ms at 45,000 one-trace sessions, 2 cores); a
-#: range around it, not a promise (the machine and the store's heap move it)
+#: event loop): a range around the measured figure (docs/performance.md#figures-behind-the-code), not a
+#: promise (the machine and the store's heap move it)
 MEMORY_DELETE_SECONDS_PER_ITEM = (0.2e-6, 0.6e-6)
 #: what one session delete on a SQLite store costs apply, lock waits and journal included: short exclusive
 #: transactions that each yield to the gateway's writer (docs/remediation.md); the low end is an idle store,

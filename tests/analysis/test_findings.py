@@ -33,8 +33,8 @@ from gatewayscope.snapshot import (
     TraceStoreData,
     frame_from_rows,
 )
+from tests.helpers import NOW
 
-NOW = 1_750_000_000.0
 HOUR = 3600.0
 MIB = 1024 * 1024
 PACKAGE = Path(__file__).resolve().parents[2] / "gatewayscope"

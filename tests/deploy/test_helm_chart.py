@@ -424,6 +424,7 @@ def test_the_alerts_keep_their_own_templates() -> None:
     assert any("{{ $labels.target }}" in text or "$labels" in text for text in annotations)
 
 
+@pytest.mark.e2e  # starts a process
 def test_promtool_checks_the_chart_rules_and_runs_the_alert_tests_on_them(tmp_path: Path) -> None:
     spec = chart_rule_spec()
     (tmp_path / "alerts.yml").write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -435,6 +436,7 @@ def test_promtool_checks_the_chart_rules_and_runs_the_alert_tests_on_them(tmp_pa
     assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.e2e  # starts a process
 def test_build_check_fails_when_the_chart_rules_are_stale(tmp_path: Path) -> None:
     from tests.mixin.mixin_files import run_build
 
@@ -488,6 +490,7 @@ def run_helm_test(pod: dict[str, Any], url: str, secrets: Path, **env: str) -> s
                           env={"PATH": os.environ.get("PATH", ""), **environment, "GATEWAYSCOPE_URL": url, **env})
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_helm_test_passes_against_the_exporter(exporter_with_basic_auth: tuple[ExporterServer, Path,
                                                                                     list[str]]) -> None:
     server, secrets, names = exporter_with_basic_auth
@@ -496,6 +499,7 @@ def test_the_helm_test_passes_against_the_exporter(exporter_with_basic_auth: tup
     assert done.stdout.strip() == f"helm test: {server.url} is ready and serves {len(names)} target(s)"
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_helm_test_fails_on_a_missing_target_or_a_wrong_password(
         exporter_with_basic_auth: tuple[ExporterServer, Path, list[str]], tmp_path: Path) -> None:
     server, secrets, names = exporter_with_basic_auth

@@ -26,6 +26,9 @@ import pytest
 from gatewayscope.sandbox.processes import free_port
 from tests.helpers import wait_for
 
+#: every test here starts a process (make e2e runs them)
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEMD = ROOT / "deploy" / "systemd"
 UNIT = SYSTEMD / "gatewayscope-exporter.service"

@@ -40,14 +40,12 @@ import pytest
 from gatewayscope.notebook.controllers import RUNS_FOLDER
 from gatewayscope.remediate.journal import FINAL_OUTCOMES, Journal
 from gatewayscope.sandbox.processes import ManagedProcess, free_port
-from tests.conftest import PYPI
-from tests.e2e.test_notebooks import sandbox  # noqa: F401 - the module-scoped sandbox fixture, reused
-from tests.helpers import gateway_sessions
+from tests.e2e._support import NOTEBOOKS
+from tests.helpers import PYPI, gateway_sessions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("module_gateway_flavor", [PYPI], indirect=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = ROOT / "notebooks"
 ARTIFACTS = ROOT / "artifacts" / "browser"
 NOTEBOOK = "remediate.ipynb"
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "chromium", "chromium-browser")
@@ -154,7 +152,7 @@ def processes_mentioning(text: str) -> list[int]:
 
 
 @pytest.fixture
-def lab(sandbox: Any, tmp_path: Path) -> Iterator[Lab]:  # noqa: F811 - the imported fixture
+def lab(sandbox: Any, tmp_path: Path) -> Iterator[Lab]:
     """JupyterLab from this venv on a free loopback port, on a copy of notebooks/ and the sandbox's config."""
     root = tmp_path / "notebooks"
     shutil.copytree(NOTEBOOKS, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "gatewayscope-runs"))
@@ -295,7 +293,7 @@ def rllm_gateways(box: Any) -> dict[str, str]:
 
 
 @pytest.mark.timeout(600)
-def test_remediate_in_jupyterlab_run_build_confirm_apply_save_reload(chromium: str, sandbox: Any,  # noqa: F811
+def test_remediate_in_jupyterlab_run_build_confirm_apply_save_reload(chromium: str, sandbox: Any,
                                                                      lab: Lab) -> None:
     from playwright.sync_api import expect, sync_playwright
 

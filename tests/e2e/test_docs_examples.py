@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_docs import DOCS, README, python_examples
+from tests.helpers import DOCS, README, python_examples
 
 pytestmark = pytest.mark.e2e
 

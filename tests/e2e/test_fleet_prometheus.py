@@ -37,10 +37,9 @@ from gatewayscope.analysis.fleet import BOOT_MEMORY_SCHEMA, ORPHAN_GROWTH_SCHEMA
 from gatewayscope.analysis.posture import SAFE_POSTURE
 from gatewayscope.errors import HTTPStatusError
 from gatewayscope.sandbox.processes import ManagedProcess, free_port
-from tests.e2e.test_notebooks import execute, kernel_name  # noqa: F401 (kernel_name is a fixture)
-from tests.e2e.test_prometheus_e2e import emulator, rollouts  # noqa: F401 (emulator is a fixture)
+from tests.e2e._support import execute, rollouts
 from tests.helpers import start_server, write_store
-from tests.helpers import wait_for as wait_until
+from tests.helpers import wait_for as poll
 
 pytestmark = pytest.mark.e2e
 yaml = pytest.importorskip("yaml")
@@ -54,7 +53,7 @@ RLLM = ("rllm-plain", "rllm-file", "rllm-down")
 BIFROST = ("bifrost-over", "bifrost-risk", "bifrost-fits")
 FILE_ORPHANS = ("file-orphan-1", "file-orphan-2")
 
-wait_for = partial(wait_until, timeout=WAIT, interval=0.5)
+wait_for = partial(poll, timeout=WAIT, interval=0.5)
 
 
 def prometheus_value(url: str, expr: str) -> float | None:
@@ -109,7 +108,7 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet(rllm_gateway: Any, emulator: Any, tmp_path: Path) -> Iterator[Fleet]:  # noqa: F811 (the fixture)
+def fleet(rllm_gateway: Any, emulator: Any, tmp_path: Path) -> Iterator[Fleet]:
     prometheus_bin = shutil.which("prometheus")
     if prometheus_bin is None:
         if os.environ.get("CI"):
@@ -168,7 +167,7 @@ def fleet(rllm_gateway: Any, emulator: Any, tmp_path: Path) -> Iterator[Fleet]: 
         exporter.stop()
 
 
-def test_the_fleet_views_from_a_real_prometheus(fleet: Fleet, kernel_name: str,  # noqa: F811 (the fixture)
+def test_the_fleet_views_from_a_real_prometheus(fleet: Fleet, kernel_name: str,
                                                  tmp_path: Path) -> None:
     view = read_fleet(fleet.prometheus_url, window_seconds=WINDOW)
     assert view.messages == []

@@ -47,7 +47,7 @@ import pytest
 
 from gatewayscope.config import DEFAULT_MEMORY_LIMIT_BYTES
 from gatewayscope.sandbox.processes import ManagedProcess, free_port
-from gatewayscope.sandbox.rollouts import RolloutRun, run_rollouts
+from tests.e2e._support import rollouts
 from tests.helpers import start_server as start_on_free_port
 from tests.helpers import wait_for as wait_until
 
@@ -103,23 +103,6 @@ class Prom:
 
 
 # -- the sandbox ---------------------------------------------------------------------------------------
-
-@pytest.fixture
-def emulator() -> Iterator[Any]:
-    from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator
-
-    with BifrostEmulator() as emu:
-        yield emu
-
-
-def rollouts(url: str, n: int, stragglers: int, *, guarded: bool, seed: int) -> RolloutRun:
-    run = run_rollouts(url, n_rollouts=n, n_stragglers=stragglers, n_live=0, straggler_delay=1.0, seed=seed,
-                       settle_timeout=0.3 if guarded else 20.0)
-    if not guarded:
-        assert run.ok, run.to_dict()
-    assert len(run.deleted_uids) == n, run.to_dict()
-    return run
-
 
 def exporter_config(path: Path, places: dict[str, tuple[str, str]], limits: dict[str, int]) -> None:
     """``places``: target name -> ("url" | "path", where)."""

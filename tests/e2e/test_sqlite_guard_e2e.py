@@ -26,6 +26,7 @@ import pytest
 from gatewayscope.cli import main as cli_main
 from gatewayscope.guard import sqlite as guard
 from gatewayscope.sandbox.rollouts import DEFAULT_MODEL, RolloutRun, land_late_calls, retry_rollout, run_rollouts
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -34,15 +35,6 @@ ROLLOUTS: dict[str, Any] = {"n_rollouts": 30, "n_stragglers": 10, "straggler_del
 
 #: a load writer's pause between two calls (the gateway persists each trace after it answers)
 WRITER_PAUSE = 0.01
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Poll ``predicate`` (a liveness bound, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def listed(url: str) -> dict[str, int]:
@@ -73,7 +65,7 @@ def barrier(url: str) -> None:
     sid = f"barrier-{uuid.uuid4()}"
     with httpx.Client(base_url=url, timeout=30) as client:
         assert _chat(client, sid, "barrier")
-    wait_until(lambda: listed(url).get(sid) == 1, "the barrier trace")
+    wait_for("the barrier trace", lambda: listed(url).get(sid) == 1, bool, timeout=30.0)
     with httpx.Client(base_url=url, timeout=30) as client:
         client.delete(f"/sessions/{quote(sid, safe='')}").raise_for_status()
 
@@ -247,13 +239,15 @@ def test_install_and_uninstall_under_load_lose_no_trace_of_a_live_session(rllm_g
     for thread in threads:
         thread.start()
     try:
-        wait_until(lambda: calls_in.get("before", 0) >= CALLS_PER_PHASE or bool(errors), "load before install")
+        wait_for("load before install", lambda: calls_in.get("before", 0) >= CALLS_PER_PHASE or bool(errors), bool,
+                 timeout=30.0)
         for cycle in range(GUARD_CYCLES):
             if errors:
                 break
             installs.append((guard.install(db), guard.install(db)))  # the second: idempotent, also under load
             phase[0] = f"installed-{cycle}"
-            wait_until(lambda cycle=cycle: loaded(f"installed-{cycle}"), f"load after install {cycle}")
+            wait_for(f"load after install {cycle}", lambda cycle=cycle: loaded(f"installed-{cycle}"), bool,
+                     timeout=30.0)
             with lock:
                 deleted_under_guard = list(churned.get(f"installed-{cycle}", []))
             with read_only(db) as conn:  # sessions deleted under the guard carry tombstones
@@ -261,7 +255,8 @@ def test_install_and_uninstall_under_load_lose_no_trace_of_a_live_session(rllm_g
             statuses.append((guard.status(db), tombstoned == deleted_under_guard))
             uninstalls.append(guard.uninstall(db))
             phase[0] = f"uninstalled-{cycle}"
-            wait_until(lambda cycle=cycle: loaded(f"uninstalled-{cycle}"), f"load after uninstall {cycle}")
+            wait_for(f"load after uninstall {cycle}", lambda cycle=cycle: loaded(f"uninstalled-{cycle}"), bool,
+                     timeout=30.0)
     finally:
         stop.set()
         for thread in threads:
@@ -287,7 +282,7 @@ def test_install_and_uninstall_under_load_lose_no_trace_of_a_live_session(rllm_g
 
     # The gateway persists fire-and-forget after it answers: wait for the last writes, then compare exactly.
     try:
-        wait_until(lambda: markers_in_db() == answered, "every answered call's trace in the file")
+        wait_for("every answered call's trace in the file", lambda: markers_in_db() == answered, bool, timeout=30.0)
     except AssertionError:
         found = markers_in_db()
         lost = sum(len(m - found.get(sid, set())) for sid, m in answered.items())
@@ -328,7 +323,7 @@ def test_a_retry_reusing_a_deleted_uid_keeps_its_traces(rllm_gateway: Any,
 
     retry = retry_rollout(gw.url, uid, calls=2, explicit_create=False)  # delete, then the rerun's two calls
     assert retry.errors == [] and retry.calls == 2
-    wait_until(lambda: listed(gw.url).get(uid) == 2, "the retry's two traces")
+    wait_for("the retry's two traces", lambda: listed(gw.url).get(uid) == 2, bool, timeout=30.0)
     status = guard.status(db)
     assert status.dropped_writes == before and status.kept_after_fence == 2
     capsys.readouterr()
@@ -372,7 +367,7 @@ def test_backfilled_ids_drop_their_stragglers_and_keep_their_next_use(store: str
     with httpx.Client(base_url=gw.url, timeout=30) as client:
         assert _chat(client, "live-task:0", "a live call")
         assert _chat(client, "old-task:1", "the id's next use")
-    wait_until(lambda: listed(gw.url).get("live-task:0") == 1 and listed(gw.url).get("old-task:1") == 1
-               and dropped() >= 2, "the live traces and the drops")
+    wait_for("the live traces and the drops", lambda: listed(gw.url).get("live-task:0") == 1
+             and listed(gw.url).get("old-task:1") == 1 and dropped() >= 2, bool, timeout=30.0)
     assert listed(gw.url) == {"live-task:0": 1, "old-task:1": 1}
     assert dropped() == 2

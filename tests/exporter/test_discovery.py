@@ -26,6 +26,7 @@ def reader(target: Target, policy: Policy, *, now: float, transport: Any = None)
                           duration_seconds=0.0)
 
 
+@pytest.mark.e2e  # starts a process
 def test_announced_gateways_are_targets_while_their_process_runs(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(exporter_server, "DISCOVERY_INTERVAL_SECONDS", 0.0)

@@ -123,6 +123,7 @@ def read(inc: IncrementalStore, path: Path) -> TraceStoreData:
 
 # -- incremental reads equal full reads -----------------------------------------------------------------------
 
+@pytest.mark.e2e  # starts a process
 def test_appends_are_merged_into_the_last_reads_figures(store: Path) -> None:
     inc = IncrementalStore()
     assert_same(read(inc, store), full(store))
@@ -148,6 +149,7 @@ def test_appends_are_merged_into_the_last_reads_figures(store: Path) -> None:
                             "reasons": {"first": 1, "interval": 0, "file": 0, "schema": 0, "rows": 0}}
 
 
+@pytest.mark.e2e  # starts a process
 def test_a_candidate_trace_rewritten_is_read_again(store: Path) -> None:
     inc = IncrementalStore()
     read(inc, store)
@@ -202,6 +204,7 @@ def _replace_the_file(path: Path, python: str) -> None:
     (_vacuum, "schema"),
     (_replace_the_file, "file"),
 ])
+@pytest.mark.e2e  # starts a process
 def test_a_change_it_cannot_follow_is_read_in_full(store: Path, gateway_flavor: Any, change: Any,
                                                    reason: str) -> None:
     inc = IncrementalStore()
@@ -218,6 +221,7 @@ def test_a_change_it_cannot_follow_is_read_in_full(store: Path, gateway_flavor: 
     assert inc.last == ("incremental", None)
 
 
+@pytest.mark.e2e  # starts a process
 def test_rows_rewritten_in_the_rowids_of_deleted_ones_are_read_in_full(tmp_path: Path, gateway_flavor: Any) -> None:
     """Once the top rows are deleted, later writes take their rowids: a session deleted, a trace re-stored
     twice and a new session can leave the same count up to the watermark and the very same row at it, with
@@ -247,6 +251,7 @@ def test_rows_rewritten_in_the_rowids_of_deleted_ones_are_read_in_full(tmp_path:
     assert_same(data, full(path))
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_interval_bounds_the_time_between_full_reads(store: Path) -> None:
     clock = Clock()
     inc = IncrementalStore(full_read_interval_seconds=600, clock=clock)
@@ -262,6 +267,7 @@ def test_the_interval_bounds_the_time_between_full_reads(store: Path) -> None:
     assert inc.last == ("full", "interval")
 
 
+@pytest.mark.e2e  # starts a process
 def test_a_store_with_the_guard_is_left_to_the_scans_read(store: Path) -> None:
     inc = IncrementalStore()
     read(inc, store)
@@ -284,6 +290,7 @@ def test_a_failed_read_leaves_no_state(tmp_path: Path) -> None:
 
 # -- the exporter ---------------------------------------------------------------------------------------------
 
+@pytest.mark.e2e  # starts a process
 def test_the_exporter_reads_incrementally_and_counts_its_reads(store: Path) -> None:
     config = Config(targets=[target(store)], policy=POLICY)
     exporter = Exporter(config, ExporterSettings(min_interval_seconds=0))
@@ -302,6 +309,7 @@ def test_the_exporter_reads_incrementally_and_counts_its_reads(store: Path) -> N
     assert 'gatewayscope_exporter_store_full_reads_total{reason="first",target="file"} 1.0' in text
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_exporter_reads_a_guarded_store_as_the_scan_does(store: Path) -> None:
     guard_sqlite.install(store)
     config = Config(targets=[target(store)], policy=POLICY)

@@ -423,6 +423,7 @@ def self_signed(tmp_path: Path) -> tuple[str, str]:
     return str(cert), str(key)
 
 
+@pytest.mark.e2e  # starts a process
 def test_tls(gateways: dict[str, str], serve: Callable[..., ExporterServer], self_signed: tuple[str, str]) -> None:
     cert, key = self_signed
     config, settings = config_for({"good": gateways["good"]}, tls_cert_file=cert, tls_key_file=key)
@@ -439,6 +440,7 @@ def test_tls(gateways: dict[str, str], serve: Callable[..., ExporterServer], sel
     assert scrape(server.url, verify=context).status_code == 200  # the server survived both
 
 
+@pytest.mark.e2e  # starts a process
 def test_tls_with_a_key_that_does_not_match_is_a_config_error(gateways: dict[str, str], tmp_path: Path,
                                                               self_signed: tuple[str, str]) -> None:
     cert, _ = self_signed
@@ -513,6 +515,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
 
 
+@pytest.mark.e2e  # starts a process
 def test_cli_once(gateways: dict[str, str]) -> None:
     done = run_cli("--trace-store", gateways["good"], "--once")
     assert done.returncode == 0, done.stderr
@@ -522,6 +525,7 @@ def test_cli_once(gateways: dict[str, str]) -> None:
     assert 'gatewayscope_up{kind="rllm",target="rllm-1"} 0.0' in done.stdout
 
 
+@pytest.mark.e2e  # starts a process
 def test_cli_config_problems_are_one_line_each(tmp_path: Path, gateways: dict[str, str]) -> None:
     config = tmp_path / "gatewayscope.toml"
     config.write_text(
@@ -542,6 +546,7 @@ def test_cli_config_problems_are_one_line_each(tmp_path: Path, gateways: dict[st
     assert done.returncode == 2 and "--listen: expected HOST:PORT" in done.stderr
 
 
+@pytest.mark.e2e  # starts a process
 def test_cli_serves_until_sigterm(gateways: dict[str, str]) -> None:
     port = free_port()
     proc = subprocess.Popen(
@@ -599,6 +604,7 @@ def read_threads(name: str) -> int:
     return sum(1 for thread in threading.enumerate() if thread.name == f"gatewayscope-export-{name}")
 
 
+@pytest.mark.slow  # seconds of real time: make e2e runs it
 @pytest.mark.timeout(120)
 def test_a_dripping_target_is_down_within_the_deadline_and_its_read_ends(
         serve: Callable[..., ExporterServer]) -> None:

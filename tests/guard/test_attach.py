@@ -121,6 +121,7 @@ def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[st
                           check=False)
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_hook_patches_the_gateway_as_a_fresh_process_imports_it(tmp_path: Path) -> None:
     env = guard_run_environment(dict(os.environ), max_tombstones=9, discovery_dir=None)
     code = ("import sys; print('gatewayscope' in sys.modules); "

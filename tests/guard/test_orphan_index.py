@@ -29,7 +29,7 @@ from gatewayscope.remediate.plan import build_plan
 from gatewayscope.scan import read_target, scan_report
 from gatewayscope.snapshot import Snapshot, TargetSnapshot
 from gatewayscope.sources.rllm_sqlite import read_trace_store_sqlite
-from tests.guard.test_sqlite_guard import Gateway, now_data
+from tests.factories import Gateway, now_data
 
 HOUR = 3600.0
 POLICY = Policy(orphan_idle_seconds=2 * HOUR)

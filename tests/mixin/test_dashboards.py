@@ -51,6 +51,7 @@ def test_the_committed_files_are_what_build_py_writes() -> None:
     assert sorted(p.name for p in GRAFANA.glob("*.json")) == sorted(DASHBOARD_FILES)
 
 
+@pytest.mark.e2e  # starts a process
 def test_check_flag_passes_on_the_committed_files_and_fails_on_an_empty_folder(tmp_path: Path) -> None:
     done = run_build("--check")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -60,6 +61,7 @@ def test_check_flag_passes_on_the_committed_files_and_fails_on_an_empty_folder(t
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_cli_builds_for_another_job_selector_and_a_cluster_label(tmp_path: Path) -> None:
     done = run_build("--job-selector", 'job="gs"', "--cluster-label", "cluster", "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -85,6 +87,7 @@ def test_the_cli_builds_for_another_job_selector_and_a_cluster_label(tmp_path: P
 POD_JOIN = "gateway_namespace, gateway_pod, gateway_container"
 
 
+@pytest.mark.e2e  # starts a process
 def test_a_json_config_file_and_flags_over_it(tmp_path: Path) -> None:
     config = tmp_path / "mixin.json"
     config.write_text(json.dumps({
@@ -123,12 +126,14 @@ def test_a_json_config_file_and_flags_over_it(tmp_path: Path) -> None:
     ["--cluster-label", "my-cluster"],            # not a label name
     ["--runbook-base-url", "https://x/runbooks.md#top"],
 ])
+@pytest.mark.e2e  # starts a process
 def test_the_cli_refuses_a_bad_config(args: list[str], tmp_path: Path) -> None:
     done = run_build(*args, "--out", str(tmp_path))
     assert done.returncode == 2, done.stdout + done.stderr
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.e2e  # starts a process
 def test_an_unknown_config_field_is_an_error(tmp_path: Path) -> None:
     config = tmp_path / "mixin.json"
     config.write_text(json.dumps({"job_selectr": 'job="x"'}))

@@ -41,6 +41,7 @@ def job(config: dict[str, Any], name: str) -> dict[str, Any]:
     return next(j for j in config["scrape_configs"] if j["job_name"] == name)
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.parametrize("path", [FLEET, FEDERATE], ids=lambda p: p.name)
 def test_promtool_accepts_the_fleet_examples(path: Path) -> None:
     done = run("check", "config", path.name)

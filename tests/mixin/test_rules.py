@@ -69,6 +69,7 @@ def unit_tests() -> list[dict[str, Any]]:
 
 # -- promtool ---------------------------------------------------------------------------------------
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.parametrize("name", ["alerts.yml", "rules.yml"])
 def test_promtool_check_rules(name: str) -> None:
     done = run_promtool("check", "rules", name)
@@ -76,12 +77,14 @@ def test_promtool_check_rules(name: str) -> None:
     assert f"SUCCESS: {len(rules(name))} rules found" in done.stdout
 
 
+@pytest.mark.e2e  # starts a process
 def test_promtool_test_rules() -> None:
     done = run_promtool("test", "rules", "alerts_test.yml")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.parametrize("name", ["scrape-static.yml", "scrape-multi-target.yml"])
 def test_promtool_check_config_of_the_scrape_examples(name: str) -> None:
     done = run_promtool("check", "config", name)
@@ -90,6 +93,7 @@ def test_promtool_check_config_of_the_scrape_examples(name: str) -> None:
     assert yaml.safe_load((PROMETHEUS_DIR / name).read_text())["rule_files"] == ["alerts.yml", "rules.yml"]
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_prometheusrule_manifest_holds_exactly_both_rule_files(tmp_path: Path) -> None:
     manifest = yaml.safe_load((DASHBOARDS / "kubernetes" / "prometheusrule.yaml").read_text())
     assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
@@ -101,6 +105,7 @@ def test_the_prometheusrule_manifest_holds_exactly_both_rule_files(tmp_path: Pat
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.e2e  # starts a process
 def test_a_build_with_a_cluster_label_passes_promtool_and_the_unit_tests(tmp_path: Path) -> None:
     """The aggregations keep the cluster label; series without it (one cluster) still alert as before."""
     done = run_build("--cluster-label", "cluster", "--out", str(tmp_path))
@@ -156,6 +161,7 @@ def metrics_text(tmp_path: Path) -> Iterator[str]:
             server.stop()
 
 
+@pytest.mark.e2e  # starts a process
 def test_promtool_check_metrics_on_a_real_scrape(metrics_text: str) -> None:
     exposed = set(re.findall(r"^# TYPE (\S+) ", metrics_text, flags=re.M))
     assert set(METRICS) - exposed == set(), "missing from a scrape of every kind of target"

@@ -30,8 +30,8 @@ from gatewayscope.sandbox.bifrost_emulator import (
 )
 from gatewayscope.snapshot import Snapshot, TargetSnapshot
 from gatewayscope.sources.bifrost import HostResolver, read_bifrost
+from tests.helpers import NOW
 
-NOW = 1_750_000_000.0
 KIB = 1024
 ADMIN, PASSWORD, PASSWORD_ENV = "admin", "Emulator-Admin-Pw-42!", "GS_TEST_APPLY_EMU_PW"
 SAFE = {"drop_excess_requests": False, "enforce_auth_on_inference": True, "disable_content_logging": True}
@@ -68,6 +68,7 @@ def config_puts(emu: BifrostEmulator) -> list[Any]:
     return [json.loads(r.text()) for r in emu.requests("PUT", "/api/config")]
 
 
+@pytest.mark.slow  # seconds of real time: make e2e runs it
 def test_shrinking_the_realistic_store_frees_the_memory_the_plan_predicted(emu: BifrostEmulator,
                                                                            tmp_path: Path) -> None:
     seed = seed_realistic(emu)
@@ -249,6 +250,7 @@ def test_without_the_rule_resizing_every_record_at_once_kills_the_gateway() -> N
         emu.stop()
 
 
+@pytest.mark.slow  # seconds of real time: make e2e runs it
 def test_with_the_rule_apply_resizes_within_the_headroom_and_the_gateway_never_exceeds_its_limit(
         tmp_path: Path) -> None:
     emu, limit = near_limit_emulator()
@@ -274,6 +276,7 @@ def test_with_the_rule_apply_resizes_within_the_headroom_and_the_gateway_never_e
     (False, 2.5, "headroom is unknown"),   # no runtime metrics: nothing to measure the headroom by
     (True, 0.5, "does not hold even the largest new pool"),
 ])
+@pytest.mark.slow  # seconds of real time: make e2e runs it
 def test_unknown_or_small_headroom_is_one_record_at_a_time(tmp_path: Path, metrics: bool, headroom: float,
                                                             reason: str) -> None:
     emu, limit = near_limit_emulator(metrics=metrics, headroom_pools=headroom)

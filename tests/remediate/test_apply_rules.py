@@ -54,9 +54,8 @@ from gatewayscope.sandbox.bifrost_emulator import (
 )
 from gatewayscope.snapshot import Snapshot, TargetSnapshot
 from gatewayscope.sources.bifrost import HostResolver, read_bifrost
-from tests.helpers import age, session_counts, write_store
+from tests.helpers import NOW, age, session_counts, write_store
 
-NOW = 1_750_000_000.0
 MS = 1_000_000  # nanoseconds
 #: a masked secret as a listing shows it: first 4 + 24 ``*`` + last 4 (docs/sandbox.md, §1 masking)
 MASK = re.compile(r"[^\"]{4}\*{24}[^\"]{4}")

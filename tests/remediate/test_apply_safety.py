@@ -267,6 +267,7 @@ def test_the_guard_refuses_to_install_into_a_damaged_database(tmp_path: Path,
     assert db.read_bytes() == before
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_delete_lock_probe_sees_another_process_reading(tmp_path: Path) -> None:
     """The SQLite deleter takes its lock only when no other process holds one: its probe must see a reader in
     another process (the gateway). Catches a probe that never armed (it then polled blindly, and a gateway

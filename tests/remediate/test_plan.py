@@ -37,8 +37,8 @@ from gatewayscope.snapshot import (
     TraceStoreData,
     frame_from_rows,
 )
+from tests.helpers import NOW
 
-NOW = 1_750_000_000.0
 HOUR = 3600.0
 KIB = 1024
 SAFE = {"drop_excess_requests": False, "enforce_auth_on_inference": True, "disable_content_logging": True}

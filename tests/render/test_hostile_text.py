@@ -43,8 +43,8 @@ from gatewayscope.snapshot import (
     TraceStoreData,
     frame_from_rows,
 )
+from tests.helpers import NOW
 
-NOW = 1_750_000_000.0
 OLD = NOW - 5 * 3600.0  # idle well past the default threshold: a suspected orphan
 SAFE = {"drop_excess_requests": False, "enforce_auth_on_inference": True, "disable_content_logging": True}
 

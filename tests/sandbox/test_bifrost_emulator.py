@@ -13,7 +13,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -42,6 +41,7 @@ from gatewayscope.sandbox.bifrost_emulator import (
     seed_small,
 )
 from gatewayscope.sandbox.bifrost_emulator.model import looks_masked
+from gatewayscope.sandbox.processes import free_port
 
 LIVE = "http://localhost:9/v1"
 DEAD_HOST = "gone.orgx.invalid"
@@ -125,12 +125,6 @@ def full_custom_record(name: str = "orgx__conn__model") -> ProviderRecord:
 def minimal_put(conc: tuple[int, int] = (64, 1024), base: str = "openai") -> dict[str, Any]:
     return {"concurrency_and_buffer_size": {"concurrency": conc[0], "buffer_size": conc[1]},
             "custom_provider_config": {"base_provider_type": base}}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def basic(user: str, password: str) -> dict[str, str]:
@@ -1294,6 +1288,7 @@ def emulator_process(*args: str, env: dict[str, str] | None = None,
                 stream.close()
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.parametrize("entry", ["module", "subcommand"])
 def test_cli_serves_seed_and_stops_on_ctrl_c(entry: str) -> None:
     with emulator_process("--seed", "small", entry=entry) as (proc, url):
@@ -1306,6 +1301,7 @@ def test_cli_serves_seed_and_stops_on_ctrl_c(entry: str) -> None:
     assert "9,576" in out
 
 
+@pytest.mark.e2e  # starts a process
 def test_cli_auth_password_from_env() -> None:
     env = {"MY_EMULATOR_PW": ADMIN[1]}
     with emulator_process("--auth-user", "admin", "--auth-password-env", "MY_EMULATOR_PW", env=env) as (proc, url):
@@ -1317,6 +1313,7 @@ def test_cli_auth_password_from_env() -> None:
         assert proc.returncode == 0
 
 
+@pytest.mark.e2e  # starts a process
 def test_cli_auth_user_without_password_env_is_a_usage_error() -> None:
     env = {"GATEWAYSCOPE_EMULATOR_PASSWORD": ""}
     with emulator_process("--auth-user", "admin", env=env) as (proc, _url):

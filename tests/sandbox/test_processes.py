@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from gatewayscope.sandbox.processes import ManagedProcess
 from tests.helpers import wait_for
+
+#: every test here starts a process (make e2e runs them)
+pytestmark = pytest.mark.e2e
 
 
 def test_stop_removes_the_log_file_and_keeps_the_output() -> None:

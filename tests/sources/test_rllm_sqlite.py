@@ -268,6 +268,7 @@ print("committed", flush=True)
 """
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the writer probe reads Linux's struct flock")
 def test_probe_sees_a_writer_in_another_process_wait_for_our_read(tmp_path: Path) -> None:
     db = tmp_path / "traces.db"

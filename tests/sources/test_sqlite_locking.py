@@ -95,6 +95,7 @@ def test_in_wal_mode_the_writer_polls_without_a_lock_table(tmp_path: Path) -> No
     assert rows(db) == [7]
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the lock table reads Linux's struct flock")
 def test_the_writer_begins_only_once_no_other_process_holds_a_lock(tmp_path: Path) -> None:
     """A reader in another process (the gateway mid-read) holds a shared lock: the writer does not even try
@@ -165,6 +166,7 @@ def _stop(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the seal packs Linux's struct flock")
 @pytest.mark.parametrize("named", ["by-its-path", "through-a-symlink"])
 def test_in_wal_mode_the_writer_waits_for_another_process_read_so_its_write_from_that_read_goes_through(
@@ -210,6 +212,7 @@ def test_in_wal_mode_the_writer_waits_for_another_process_read_so_its_write_from
     assert out == "" and rows(db) == [1, 100]
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the seal packs Linux's struct flock")
 def test_in_wal_mode_no_read_of_another_process_begins_during_the_transaction(tmp_path: Path) -> None:
     """A read another process begins while the transaction is open waits for its commit and sees it, so a
@@ -232,6 +235,7 @@ def test_in_wal_mode_no_read_of_another_process_begins_during_the_transaction(tm
     assert out == "" and rows(db) == [1, 100]
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_seal_is_refused_while_another_process_reads(tmp_path: Path) -> None:
     """seal and keep_off_mark_zero are granted only while no other process is in a read (on a fully checkpointed
     WAL its read stands on mark 0); others_connected sees another process's connection."""
@@ -308,6 +312,7 @@ _READERS_WRITING = (
 )
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the seal packs Linux's struct flock")
 def test_in_wal_mode_many_transactions_cost_a_busy_reading_writer_nothing(tmp_path: Path) -> None:
     """A process reads and writes from its reads back to back (and another only reads) while the writer commits

@@ -1,0 +1,37 @@
+"""Plain helpers the end-to-end tests share (their fixtures are in conftest.py): running a notebook on a
+kernel, and rollouts with their stragglers, checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gatewayscope.sandbox.rollouts import RolloutRun, run_rollouts
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+#: the kernelspec the ``kernel_name`` fixture writes: this interpreter (the venv's) with ipykernel
+KERNEL_NAME = "gatewayscope-test-python3"
+#: the sandbox's rollouts and stragglers per gateway (the ``sandbox`` fixture)
+N_ROLLOUTS, N_STRAGGLERS = 8, 3
+
+
+def execute(notebook: str, out: Path, kernel: str, **parameters: Any) -> Any:
+    """Run ``notebooks/<notebook>`` with papermill on ``kernel`` in ``notebooks/`` (as JupyterLab does); return
+    the executed notebook (nbformat), saved to ``out``."""
+    import nbformat
+    import papermill
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    papermill.execute_notebook(str(NOTEBOOKS / notebook), str(out), parameters=parameters, kernel_name=kernel,
+                               cwd=str(NOTEBOOKS), progress_bar=False, execution_timeout=240)
+    return nbformat.read(str(out), as_version=4)
+
+
+def rollouts(url: str, n: int, stragglers: int, *, guarded: bool, seed: int) -> RolloutRun:
+    run = run_rollouts(url, n_rollouts=n, n_stragglers=stragglers, n_live=0, straggler_delay=1.0, seed=seed,
+                       settle_timeout=0.3 if guarded else 20.0)
+    if not guarded:
+        assert run.ok, run.to_dict()
+    assert len(run.deleted_uids) == n, run.to_dict()
+    return run
