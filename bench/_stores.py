@@ -77,7 +77,9 @@ class SlimStore:
 
 #: the source a guarded store's contents follow from: the SQLite guard (its tables, triggers and index fill) and
 #: the statements it pages the fill with; the memory launcher's code does not touch the file
-GUARD_SOURCES = ("gatewayscope/guard/sqlite.py", "gatewayscope/guard/common.py", "gatewayscope/_sqlite/schema.py")
+GUARD_SOURCES = (*sorted(path.relative_to(REPO_ROOT).as_posix()
+                         for path in (REPO_ROOT / "gatewayscope" / "guard" / "sqlite").glob("*.py")),
+                 "gatewayscope/guard/common.py", "gatewayscope/_sqlite/schema.py")
 
 
 def guard_digest() -> str:

@@ -217,7 +217,8 @@ def test_the_sqlite_guard_keeps_exactly_what_the_fence_says(tmp_path_factory: py
                                                            ops: list[tuple[str, int, int]]) -> None:
     """The same on the unmodified gateway's SqliteTraceStore with the triggers installed: the triggers read the
     dispatch time from the trace record (timestamp minus latency) and take their fence from SQLite's clock, so
-    the steps here are real moments 20 ms apart and a straggler is dispatched 2 ms after the step it belongs to.
+    the steps here are real moments 20 ms apart (a delete's moment the one it is done at) and a straggler is
+    dispatched 2 ms after the step it belongs to.
     A delete of an id that has no trace in the file removes no row, so no trigger sees it: that delete fences
     nothing (docs/guard.md says so; the in-process guard fences every delete)."""
     sqlite_store = pytest.importorskip("rllm_model_gateway.store.sqlite_store")
@@ -238,6 +239,9 @@ def test_the_sqlite_guard_keeps_exactly_what_the_fence_says(tmp_path_factory: py
                 sid = f"task-{which}:0"
                 if kind == "delete":
                     await store.delete_session(sid)
+                    # the delete's moment is when it is done: its fence (SQLite's clock inside it) is no later,
+                    # so a straggler "just after" this step is after the fence however slow the machine is
+                    moments[-1] = time.time()
                     continue
                 sent = sent_at(kind, index, back, moments)
                 stamp = time.time()

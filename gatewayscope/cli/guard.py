@@ -203,7 +203,7 @@ def guard_run_environment(environ: dict[str, str], *, max_tombstones: int | None
 
     from gatewayscope.guard import attach
 
-    hook = str(Path(sqlite_guard.__file__).resolve().parent / "_autoattach")
+    hook = str(Path(attach.__file__).resolve().parent / "_autoattach")
     env = dict(environ)
     rest = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != hook]
     env["PYTHONPATH"] = os.pathsep.join([hook, *rest])

@@ -32,7 +32,7 @@ from gatewayscope._sqlite.locking import (
 from gatewayscope._sqlite.open import connect
 from gatewayscope.errors import StoreError
 from gatewayscope.guard import sqlite as sqlite_guard
-from gatewayscope.orphan_rule import dispatched_at_sql
+from gatewayscope.orphan_rule import Tombstone, dispatched_at_sql
 from gatewayscope.sources._batches import batches
 
 T = TypeVar("T")
@@ -147,7 +147,7 @@ class SessionDeleter:
         assert self._conn is not None
         conn = self._conn
         rows = self._retry(lambda: conn.execute(_SESSION_SQL, (session_id,)).fetchall())
-        tombstone: sqlite_guard.Tombstone | None = None
+        tombstone: Tombstone | None = None
         if self._has_tombstones:
             tombstone = self._retry(lambda: sqlite_guard.tombstone_of(conn, session_id))
         times = [float(r[1]) for r in rows if isinstance(r[1], (int, float))]

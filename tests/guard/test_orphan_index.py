@@ -199,7 +199,7 @@ def test_a_rewritten_trace_and_random_writes_and_deletes_keep_the_index_exact(gw
 def test_writes_between_fill_pages_are_counted_once(gw: Gateway, db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The gateway writes and deletes between the fill's transactions, in ranges filled and not yet filled."""
     build(gw, db)
-    monkeypatch.setattr(guard, "INDEX_FILL_PAGE", 7)
+    monkeypatch.setattr("gatewayscope.guard.sqlite.lifecycle.INDEX_FILL_PAGE", 7)
     pages: list[tuple[int, int]] = []
 
     def between_pages(done: int, estimate: int) -> None:
@@ -224,7 +224,7 @@ def test_writes_between_fill_pages_are_counted_once(gw: Gateway, db: Path, monke
 def test_an_interrupted_fill_leaves_the_full_read_until_install_completes_it(
         gw: Gateway, db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     build(gw, db)
-    monkeypatch.setattr(guard, "INDEX_FILL_PAGE", 10)
+    monkeypatch.setattr("gatewayscope.guard.sqlite.lifecycle.INDEX_FILL_PAGE", 10)
 
     def interrupt(done: int, estimate: int) -> None:
         raise KeyboardInterrupt

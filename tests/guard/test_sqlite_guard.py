@@ -438,7 +438,7 @@ def test_a_reinstall_that_changes_nothing_checks_nothing(gw: Gateway, db: Path,
     def no_check(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("an install that writes nothing ran the integrity check")
 
-    monkeypatch.setattr(guard, "check_integrity", no_check)
+    monkeypatch.setattr("gatewayscope.guard.sqlite.lifecycle.check_integrity", no_check)
     again = guard.install(db)
     assert not again.changed and "nothing changed" in again.message
 
@@ -648,7 +648,7 @@ def test_add_tombstones_needs_the_guard(gw: Gateway, db: Path) -> None:
 
 
 def test_add_tombstones_in_several_transactions(gw: Gateway, db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(guard, "WRITE_BATCH", 7)
+    monkeypatch.setattr("gatewayscope.guard.sqlite.state.WRITE_BATCH", 7)
     guard.install(db)
     ids = [f"s{i}" for i in range(30)]
     assert guard.add_tombstones(db, ids[:10]) == (10, 0)
