@@ -354,9 +354,11 @@ def stop_probe(probe: Child) -> list[tuple[float, float]]:
 
 
 async def _probe(port: int, rate: float, delay: float, tag: str, stopping: list[bool]) -> list[list[float]]:
+    from gatewayscope.sandbox.stub_protocol import stub_headers
+
     calls: list[list[float]] = []
     interval = 1.0 / rate
-    headers = f"x-stub-delay: {delay:.3f}\r\n" if delay > 0 else ""
+    headers = "".join(f"{name}: {value}\r\n" for name, value in stub_headers(delay=delay).items()) if delay > 0 else ""
     conn = await _Connection.open(port)
     parent = os.getppid()
     try:

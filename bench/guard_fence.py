@@ -55,6 +55,7 @@ def _child_estimate(worker_url: str, calls: int) -> dict[str, Any]:
     from gatewayscope.guard.memory import REQUEST_ARRIVAL
     from gatewayscope.orphan_rule import dispatched_at_of
     from gatewayscope.sandbox.processes import free_port
+    from gatewayscope.sandbox.stub_protocol import stub_headers
 
     margins: dict[str, list[float]] = {"plain": [], "stream": []}
 
@@ -83,7 +84,7 @@ def _child_estimate(worker_url: str, calls: int) -> dict[str, Any]:
             async def one(kind: str, k: int) -> None:
                 body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": f"call {k}"}],
                                         "max_tokens": 16}
-                headers = {"x-stub-delay": str(DELAY_SECONDS)}
+                headers = stub_headers(delay=DELAY_SECONDS)
                 if kind == "stream":
                     body.update(stream=True, stream_options={"include_usage": True})
                     async with client.stream("POST", f"/sessions/stream-{k}:0/v1/chat/completions", json=body,

@@ -6,10 +6,11 @@ task share the uuid), it makes ``calls_per_rollout`` chat calls through
 ``POST /admin/flush`` then ``DELETE /sessions/{uid}``.
 
 A *straggler* rollout has one more call, with a large prompt, still in flight when it flushes and deletes:
-the driver sends that call with ``x-stub-delay: D`` (the stub worker sleeps ``D`` seconds) and
-``x-stub-hold: 1`` (it then also waits for a release), waits until the worker reports the call in flight
-(``GET /v1/stub/inflight?tag=<uid>`` on each worker listed by the gateway's ``GET /admin/workers``), then
-flushes and deletes, and only then releases the call (``POST /v1/stub/release?tag=<uid>``). The call
+the driver sends that call tagged with its uid, with a delay of ``D`` seconds (the stub worker sleeps ``D``
+seconds) and a hold (it then also waits for a release; the stub protocol,
+:mod:`gatewayscope.sandbox.stub_protocol`), waits until the worker reports the call in flight (asked on each
+worker listed by the gateway's ``GET /admin/workers``), then flushes and deletes, and only then releases the
+call. The call
 returns after the delete, however loaded the gateway is; the gateway persists its trace fire-and-forget,
 and the store re-creates the session with exactly one trace: a permanent orphan. (When the workers are not
 stub workers, only the delay orders the call after the delete.) The driver waits (bounded) until each
@@ -49,6 +50,8 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
+
+from gatewayscope.sandbox.stub_protocol import AsyncStubClient, stub_headers
 
 logger = logging.getLogger(__name__)
 
@@ -338,50 +341,46 @@ class _StubControl:
     when the workers are not stub workers.
     """
 
-    def __init__(self, client: httpx.AsyncClient, bases: list[str]) -> None:
-        self.client = client
-        self.bases = bases  # e.g. http://127.0.0.1:PORT/v1/stub
+    def __init__(self, workers: list[AsyncStubClient]) -> None:
+        self.workers = workers
 
     @property
     def available(self) -> bool:
         """Whether the workers are stub workers (calls can be held and released)."""
-        return bool(self.bases)
+        return bool(self.workers)
 
     @classmethod
     async def discover(cls, client: httpx.AsyncClient) -> _StubControl:
-        """Find the workers that answer the stub's ``/v1/stub/inflight``."""
-        bases: list[str] = []
+        """Find the workers that answer the stub's in-flight route."""
+        workers: list[AsyncStubClient] = []
         try:
             resp = await client.get("/admin/workers")
-            workers = resp.json() if resp.status_code == 200 else []
-            for w in workers if isinstance(workers, list) else []:
-                base = f"{str(w['url']).rstrip('/')}{w.get('api_path') or '/v1'}/stub"
-                probe = await client.get(f"{base}/inflight", timeout=2.0)
-                if probe.status_code == 200 and "inflight" in probe.json():
-                    bases.append(base)
+            listed = resp.json() if resp.status_code == 200 else []
+            for w in listed if isinstance(listed, list) else []:
+                worker = AsyncStubClient(client, str(w["url"]), w.get("api_path"))
+                if await worker.is_stub(timeout=2.0):
+                    workers.append(worker)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
             logger.info("the workers are not stub workers (%s); stragglers use a timed wait", err)
-            return cls(client, [])
-        return cls(client, bases)
+            return cls([])
+        return cls(workers)
 
     async def wait_in_flight(self, tag: str, timeout: float) -> bool:
         """Wait until some worker has a call tagged ``tag`` in flight; False if none seen (or no stub).
 
         Each worker is asked once with a long poll (``wait``), so waiting costs no polling load.
         """
-        if not self.bases:
+        if not self.workers:
             await asyncio.sleep(min(0.25, timeout))
             return False
 
-        async def ask(base: str) -> bool:
+        async def ask(worker: AsyncStubClient) -> bool:
             try:
-                resp = await self.client.get(f"{base}/inflight", params={"tag": tag, "wait": f"{timeout:.3f}"},
-                                             timeout=timeout + 5.0)
-                return resp.status_code == 200 and int(resp.json().get("inflight", 0)) > 0
+                return (await worker.inflight(tag, wait=timeout)).inflight > 0
             except (httpx.HTTPError, ValueError):
                 return False
 
-        pending = {asyncio.ensure_future(ask(base)) for base in self.bases}
+        pending = {asyncio.ensure_future(ask(worker)) for worker in self.workers}
         try:
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -394,8 +393,8 @@ class _StubControl:
 
     async def release(self, tag: str) -> None:
         """Let the calls tagged ``tag`` answer, on every stub worker."""
-        for base in self.bases:
-            (await self.client.post(f"{base}/release", params={"tag": tag}, timeout=10.0)).raise_for_status()
+        for worker in self.workers:
+            await worker.release(tag, timeout=10.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -459,9 +458,7 @@ async def _straggle(client: httpx.AsyncClient, plan: RolloutPlan, run: RolloutRu
     after the delete however slow a loaded gateway is; elsewhere only the delay orders them.
     """
     late = [*messages, {"role": "user", "content": plan.large_observation}]
-    headers = {"x-stub-delay": f"{delay:.3f}", "x-stub-tag": plan.uid}
-    if stub.available:
-        headers["x-stub-hold"] = "1"
+    headers = stub_headers(delay=delay, tag=plan.uid, hold=stub.available)
 
     timeline = run.straggler_timeline.setdefault(plan.uid, {})
 
@@ -590,7 +587,7 @@ async def run_rollouts_async(gateway_url: str, *, n_rollouts: int = 30, n_stragg
         # Open the store with one read first: 0.1.0's SQLite store opens its connection lazily and
         # unguarded, and concurrent first writes would open several that lock each other out.
         (await client.get("/sessions", params={"limit": 1})).raise_for_status()
-        stub = await _StubControl.discover(client) if n_stragglers else _StubControl(client, [])
+        stub = await _StubControl.discover(client) if n_stragglers else _StubControl([])
         gate = asyncio.Semaphore(concurrency)
 
         async def guarded(plan: RolloutPlan) -> None:
@@ -714,7 +711,7 @@ async def land_late_calls_async(gateway_url: str, uids: Sequence[str], during: C
         message = [{"role": "system", "content": _SYSTEM_PROMPT}]
         calls = {uid: asyncio.create_task(_chat(client, uid, model, [*message, {
             "role": "user", "content": f"Observation of {uid}: the last tool call returns."}],
-            headers={"x-stub-hold": "1", "x-stub-tag": tag(uid)})) for uid in result.uids}
+            headers=stub_headers(tag=tag(uid), hold=True))) for uid in result.uids}
         try:
             for uid in result.uids:
                 if not await stub.wait_in_flight(tag(uid), timeout=in_flight_timeout):
@@ -866,8 +863,8 @@ async def trainer_steps_async(gateway_url: str, uids: Sequence[str], *, steps: i
                 run.kept.append({uid: await _session_trace_count(client, uid) or 0 for uid in uids})
                 if straggler is not None and step < steps - 1 and run.straggler_session is None:
                     late = [{"role": "user", "content": f"A long tool result of step {step}."}]
-                    held = asyncio.create_task(_chat(client, straggler, model, late, headers={
-                        "x-stub-tag": tag, "x-stub-hold": "1", "x-stub-delay": "0"}))
+                    held = asyncio.create_task(_chat(client, straggler, model, late,
+                                                     headers=stub_headers(delay=0.0, tag=tag, hold=True)))
                     if not await stub.wait_in_flight(tag, timeout=10.0):
                         run.errors.append(f"the straggler's call on {straggler} was not seen in flight")
                 (await client.post("/admin/flush")).raise_for_status()

@@ -28,6 +28,8 @@ Test knobs, all optional, read from the request (the gateway forwards both body 
   call, deletes its session and only then releases it gets a call that lands after the delete, however
   slow the gateway is under load.
 
+These names live in :mod:`gatewayscope.sandbox.stub_protocol`, with the clients that drive the two stub routes.
+
 Run it with ``python -m gatewayscope.sandbox.stub_worker --port P [--host 127.0.0.1]``. It needs
 starlette and uvicorn, which come with the ``gateway`` extra (they are dependencies of
 ``rllm-model-gateway``); the pure token functions of this module import without them.
@@ -44,9 +46,20 @@ import time
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from gatewayscope.sandbox.stub_protocol import (
+    DELAY_FIELD,
+    DELAY_HEADER,
+    HOLD_FIELD,
+    HOLD_HEADER,
+    INFLIGHT_ROUTE,
+    RELEASE_ROUTE,
+    TAG_FIELD,
+    TAG_HEADER,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from starlette.applications import Starlette
@@ -65,7 +78,7 @@ FIRST_TEXT_TOKEN = 100
 _TEXT_VOCAB = VOCAB_SIZE - FIRST_TEXT_TOKEN
 #: a request can never make the stub sleep longer than this
 MAX_DELAY_SECONDS = 600.0
-#: the longest long poll of ``/v1/stub/inflight?tag=T&wait=S``
+#: the longest long poll of :data:`INFLIGHT_ROUTE` (``?tag=T&wait=S``)
 MAX_INFLIGHT_WAIT_SECONDS = 30.0
 #: a held call answers after this long even if nobody releases it
 MAX_HOLD_SECONDS = 120.0
@@ -196,6 +209,32 @@ class StubState:
             event = self.releases[tag] = asyncio.Event()
         return event
 
+    def start(self, tag: str) -> None:
+        """A chat call tagged ``tag`` (``""``: untagged) is in flight."""
+        self.requests_total += 1
+        self.inflight_total += 1
+        self.inflight[tag] += 1
+
+    def end(self, tag: str) -> None:
+        """The call has answered (or given up); a tag's release is forgotten with its last call."""
+        self.inflight_total -= 1
+        self.inflight[tag] -= 1
+        if self.inflight[tag] <= 0:
+            del self.inflight[tag]
+            self.releases.pop(tag, None)
+
+    async def hold(self, tag: str) -> None:
+        """Wait until ``tag`` is released, at most :data:`MAX_HOLD_SECONDS`."""
+        self.held[tag] += 1
+        try:
+            await asyncio.wait_for(self.release_event(tag).wait(), MAX_HOLD_SECONDS)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self.held[tag] -= 1
+            if self.held[tag] <= 0:
+                del self.held[tag]
+
 
 class _BadRequest(Exception):
     pass
@@ -205,10 +244,10 @@ def _truthy(value: Any) -> bool:
     return value is True or (isinstance(value, str) and value.lower() in {"1", "true", "yes"})
 
 
-def _delay_of(request: Request, body: Mapping[str, Any]) -> float:
-    raw: Any = request.headers.get("x-stub-delay")
+def _delay_of(headers: Mapping[str, str], body: Mapping[str, Any]) -> float:
+    raw: Any = headers.get(DELAY_HEADER)
     if raw is None:
-        raw = body.get("stub_delay_seconds")
+        raw = body.get(DELAY_FIELD)
     if raw is None:
         return 0.0
     try:
@@ -241,34 +280,162 @@ def _logprob_entry(word: str, logprob: float) -> dict[str, Any]:
     return {"token": word, "logprob": logprob, "bytes": list(word.encode("utf-8")), "top_logprobs": []}
 
 
-def create_app(model: str = DEFAULT_MODEL) -> Starlette:
-    """The stub worker as an ASGI app (starlette). ``app.state.stub`` holds its :class:`StubState`."""
-    from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, StreamingResponse
-    from starlette.routing import Route
+@dataclass(frozen=True)
+class _Chat:
+    """One chat call as the stub reads it, and its answer (plain or as stream chunks)."""
 
-    state = StubState()
+    tag: str
+    delay: float
+    hold: bool
+    stream: bool
+    want_ids: bool
+    want_logprobs: bool
+    include_usage: bool
+    model: str
+    prompt_ids: list[int]
+    completion: Completion
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
 
-    def error(status: int, message: str) -> Response:
-        return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": status}},
-                            status_code=status)
+    @classmethod
+    def read(cls, raw: bytes, headers: Mapping[str, str], model: str) -> _Chat:
+        """The call from its body and headers (``model``: when the body names none); _BadRequest if bad."""
+        try:
+            body = json.loads(raw or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise _BadRequest("the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise _BadRequest("the request body must be a JSON object")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise _BadRequest("messages must be a non-empty list of objects")
+        delay = _delay_of(headers, body)
+        max_tokens = _max_tokens_of(body)
+        tag = str(headers.get(TAG_HEADER) or body.get(TAG_FIELD) or "")
+        hold = _truthy(headers.get(HOLD_HEADER)) or _truthy(body.get(HOLD_FIELD))
+        if hold and not tag:
+            raise _BadRequest(f"a held call needs a tag ({TAG_HEADER}) to be released by")
+        prompt_ids = prompt_token_ids(messages)
+        return cls(
+            tag=tag, delay=delay, hold=hold, stream=bool(body.get("stream")), want_ids=_wants_token_ids(body),
+            want_logprobs=_truthy(body.get("logprobs")),
+            include_usage=isinstance(body.get("stream_options"), dict) and bool(
+                body["stream_options"].get("include_usage")),
+            model=str(body.get("model") or model), prompt_ids=prompt_ids,
+            completion=complete(prompt_ids, max_tokens),
+        )
 
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+    @property
+    def usage(self) -> dict[str, int]:
+        """The call's ``usage``."""
+        prompt, completion = len(self.prompt_ids), len(self.completion.token_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": model, "object": "model", "created": 0, "owned_by": "gatewayscope-stub",
+    def reply(self) -> dict[str, Any]:
+        """The answer of a plain (not streamed) call."""
+        completion = self.completion
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": completion.text, "tool_calls": []},
+            "logprobs": ({"content": [_logprob_entry(w, lp) for w, lp in
+                                      zip(completion.words, completion.logprobs, strict=True)]}
+                         if self.want_logprobs else None),
+            "finish_reason": completion.finish_reason,
+            "stop_reason": None,
+        }
+        if self.want_ids:
+            choice["token_ids"] = completion.token_ids
+        payload: dict[str, Any] = {
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "choices": [choice], "usage": self.usage, "prompt_logprobs": None, "kv_transfer_params": None,
+        }
+        if self.want_ids:
+            payload["prompt_token_ids"] = self.prompt_ids
+        return payload
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        data = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": choices, **extra}
+        return f"data: {json.dumps(data)}\n\n"
+
+    def chunks(self) -> Iterator[str]:
+        """The server-sent events of a streamed call, ``[DONE]`` last."""
+        completion = self.completion
+        first_extra: dict[str, Any] = {"prompt_token_ids": self.prompt_ids} if self.want_ids else {}
+        yield self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None}], **first_extra)
+        last = len(completion.token_ids) - 1
+        for i, (tid, word, lp) in enumerate(
+                zip(completion.token_ids, completion.words, completion.logprobs, strict=True)):
+            text = word.lstrip() if i == 0 else word
+            piece: dict[str, Any] = {
+                "index": 0, "delta": {"content": text},
+                "logprobs": {"content": [_logprob_entry(text, lp)]} if self.want_logprobs else None,
+                "finish_reason": completion.finish_reason if i == last else None,
+            }
+            if self.want_ids:
+                piece["token_ids"] = [tid]
+            yield self._chunk([piece])
+        if last < 0:  # an empty completion still says why it stopped
+            yield self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": completion.finish_reason}])
+        if self.include_usage:
+            yield self._chunk([], usage=self.usage)
+        yield "data: [DONE]\n\n"
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(payload, status_code=status)
+
+
+def _error(status: int, message: str) -> Response:
+    return _json({"error": {"message": message, "type": "invalid_request_error", "code": status}}, status)
+
+
+class StubWorker:
+    """The stub worker: its :class:`StubState` and one method per route; :meth:`app` serves them."""
+
+    def __init__(self, model: str = DEFAULT_MODEL) -> None:
+        self.model = model
+        self.state = StubState()
+
+    def app(self) -> Starlette:
+        """The routes as an ASGI app (starlette); ``app.state.stub`` holds the :class:`StubState`."""
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        app = Starlette(routes=[
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route(INFLIGHT_ROUTE, self.inflight, methods=["GET"]),
+            Route(RELEASE_ROUTE, self.release, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+        ])
+        app.state.stub = self.state
+        return app
+
+    async def health(self, request: Request) -> Response:
+        """``GET /health``."""
+        return _json({"status": "ok"})
+
+    async def models(self, request: Request) -> Response:
+        """``GET /v1/models``: the one model it serves."""
+        return _json({"object": "list", "data": [
+            {"id": self.model, "object": "model", "created": 0, "owned_by": "gatewayscope-stub",
              "max_model_len": 131072},
         ]})
 
-    async def inflight(request: Request) -> Response:
+    async def inflight(self, request: Request) -> Response:
+        """``GET`` :data:`INFLIGHT_ROUTE`: the calls in flight and held (of ``?tag=``, or in all); with
+        ``&wait=S``, a long poll answered as soon as a call with the tag is in flight."""
+        state = self.state
         tag = request.query_params.get("tag")
         try:
             wait = min(float(request.query_params.get("wait") or 0.0), MAX_INFLIGHT_WAIT_SECONDS)
         except ValueError:
-            return error(400, "wait must be a number of seconds")
-        if tag is not None and wait > 0:  # long poll: answer as soon as a call with the tag is in flight
+            return _error(400, "wait must be a number of seconds")
+        if tag is not None and wait > 0:
             deadline = time.monotonic() + wait
             while not state.inflight[tag] and time.monotonic() < deadline:
                 await asyncio.sleep(0.005)
@@ -280,151 +447,56 @@ def create_app(model: str = DEFAULT_MODEL) -> Starlette:
         }
         if tag is not None:
             payload["tag"] = tag
-        return JSONResponse(payload)
+        return _json(payload)
 
-    async def release(request: Request) -> Response:
+    async def release(self, request: Request) -> Response:
+        """``POST`` :data:`RELEASE_ROUTE` ``?tag=T``: the calls held under ``T`` answer."""
+        state = self.state
         tag = request.query_params.get("tag")
         if not tag:
-            return error(400, "release needs a tag (?tag=T)")
+            return _error(400, "release needs a tag (?tag=T)")
         held = state.held[tag]
         state.release_event(tag).set()
         state.released_total += 1
-        return JSONResponse({"tag": tag, "held": held, "inflight": state.inflight[tag]})
+        return _json({"tag": tag, "held": held, "inflight": state.inflight[tag]})
 
-    async def wait_for_release(tag: str) -> None:
-        state.held[tag] += 1
-        try:
-            await asyncio.wait_for(state.release_event(tag).wait(), MAX_HOLD_SECONDS)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            state.held[tag] -= 1
-            if state.held[tag] <= 0:
-                del state.held[tag]
+    async def chat_completions(self, request: Request) -> Response:
+        """``POST /v1/chat/completions``, plain or streamed, after the call's delay and hold."""
+        from starlette.responses import StreamingResponse
 
-    async def chat_completions(request: Request) -> Response:
         try:
-            body = json.loads(await request.body() or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return error(400, "the request body is not JSON")
-        if not isinstance(body, dict):
-            return error(400, "the request body must be a JSON object")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            return error(400, "messages must be a non-empty list of objects")
-        try:
-            delay = _delay_of(request, body)
-            max_tokens = _max_tokens_of(body)
+            chat = _Chat.read(await request.body(), request.headers, self.model)
         except _BadRequest as err:
-            return error(400, str(err))
-        tag = request.headers.get("x-stub-tag") or body.get("stub_tag") or ""
-        tag = str(tag)
-        hold = _truthy(request.headers.get("x-stub-hold")) or _truthy(body.get("stub_hold"))
-        if hold and not tag:
-            return error(400, "a held call needs a tag (x-stub-tag) to be released by")
-        stream = bool(body.get("stream"))
-        want_ids = _wants_token_ids(body)
-        want_logprobs = _truthy(body.get("logprobs"))
-        include_usage = isinstance(body.get("stream_options"), dict) and bool(
-            body["stream_options"].get("include_usage"))
-        name = str(body.get("model") or model)
-
-        prompt_ids = prompt_token_ids(messages)
-        completion = complete(prompt_ids, max_tokens)
-        usage = {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": len(completion.token_ids),
-            "total_tokens": len(prompt_ids) + len(completion.token_ids),
-        }
-        response_id = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-
-        state.requests_total += 1
-        state.inflight_total += 1
-        state.inflight[tag] += 1
-
-        def done() -> None:
-            state.inflight_total -= 1
-            state.inflight[tag] -= 1
-            if state.inflight[tag] <= 0:
-                del state.inflight[tag]
-                state.releases.pop(tag, None)
-
-        async def wait_turn() -> None:
-            if delay:
-                await asyncio.sleep(delay)
-            if hold:
-                await wait_for_release(tag)
-
-        if not stream:
+            return _error(400, str(err))
+        self.state.start(chat.tag)
+        if not chat.stream:
             try:
-                await wait_turn()
+                await self._wait_turn(chat)
             finally:
-                done()
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": completion.text, "tool_calls": []},
-                "logprobs": ({"content": [_logprob_entry(w, lp) for w, lp in
-                                          zip(completion.words, completion.logprobs, strict=True)]}
-                             if want_logprobs else None),
-                "finish_reason": completion.finish_reason,
-                "stop_reason": None,
-            }
-            if want_ids:
-                choice["token_ids"] = completion.token_ids
-            payload: dict[str, Any] = {
-                "id": response_id, "object": "chat.completion", "created": created, "model": name,
-                "choices": [choice], "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None,
-            }
-            if want_ids:
-                payload["prompt_token_ids"] = prompt_ids
-            return JSONResponse(payload)
+                self.state.end(chat.tag)
+            return _json(chat.reply())
+        self.state.streams_total += 1
+        return StreamingResponse(self._events(chat), media_type="text/event-stream")
 
-        state.streams_total += 1
+    async def _wait_turn(self, chat: _Chat) -> None:
+        if chat.delay:
+            await asyncio.sleep(chat.delay)
+        if chat.hold:
+            await self.state.hold(chat.tag)
 
-        def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
-            data = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": name,
-                    "choices": choices, **extra}
-            return f"data: {json.dumps(data)}\n\n"
+    async def _events(self, chat: _Chat) -> AsyncIterator[str]:
+        # a stream sends its headers at once; the delay and the hold come before its first chunk
+        try:
+            await self._wait_turn(chat)
+            for event in chat.chunks():
+                yield event
+        finally:
+            self.state.end(chat.tag)
 
-        async def events() -> AsyncIterator[str]:
-            try:
-                await wait_turn()
-                first_extra: dict[str, Any] = {"prompt_token_ids": prompt_ids} if want_ids else {}
-                yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None}], **first_extra)
-                last = len(completion.token_ids) - 1
-                for i, (tid, word, lp) in enumerate(
-                        zip(completion.token_ids, completion.words, completion.logprobs, strict=True)):
-                    text = word.lstrip() if i == 0 else word
-                    piece: dict[str, Any] = {
-                        "index": 0, "delta": {"content": text},
-                        "logprobs": {"content": [_logprob_entry(text, lp)]} if want_logprobs else None,
-                        "finish_reason": completion.finish_reason if i == last else None,
-                    }
-                    if want_ids:
-                        piece["token_ids"] = [tid]
-                    yield chunk([piece])
-                if last < 0:  # an empty completion still says why it stopped
-                    yield chunk([{"index": 0, "delta": {}, "logprobs": None,
-                                  "finish_reason": completion.finish_reason}])
-                if include_usage:
-                    yield chunk([], usage=usage)
-                yield "data: [DONE]\n\n"
-            finally:
-                done()
 
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    app = Starlette(routes=[
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/stub/inflight", inflight, methods=["GET"]),
-        Route("/v1/stub/release", release, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    ])
-    app.state.stub = state
-    return app
+def create_app(model: str = DEFAULT_MODEL) -> Starlette:
+    """The stub worker as an ASGI app (starlette). ``app.state.stub`` holds its :class:`StubState`."""
+    return StubWorker(model).app()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gatewayscope.sandbox.rollouts import RolloutRun, retry_rollout, run_rollouts
+from gatewayscope.sandbox.stub_protocol import AsyncStubClient, stub_headers
 from tests.helpers import gateway_sessions as sessions
 from tests.helpers import guard_status, wait_for
 
@@ -151,14 +152,15 @@ async def _stragglers_around_evictions(url: str, worker_url: str) -> None:
     """Two late calls in flight; delete ``old:0``, four fillers, then ``new:0`` with a cap of 5."""
     late_ids = ("old:0", "new:0")
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        worker = AsyncStubClient(client, worker_url)
+
         async def in_flight(sid: str) -> int:
-            response = await client.get(f"{worker_url}/v1/stub/inflight", params={"tag": sid})
-            return int(response.json()["inflight"])
+            return (await worker.inflight(sid)).inflight
 
         async def late_call(sid: str) -> None:
             body = {"model": "m", "messages": [{"role": "user", "content": f"late call of {sid}"}]}
             response = await client.post(f"/sessions/{sid}/v1/chat/completions", json=body,
-                                         headers={"x-stub-delay": str(2 * DELAY), "x-stub-tag": sid})
+                                         headers=stub_headers(delay=2 * DELAY, tag=sid))
             response.raise_for_status()
 
         calls = [asyncio.create_task(late_call(sid)) for sid in late_ids]

@@ -32,6 +32,7 @@ from gatewayscope.remediate.apply import ApplyOptions, apply_plan
 from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import build_plan
 from gatewayscope.sandbox.rollouts import land_late_calls, run_rollouts
+from gatewayscope.sandbox.stub_protocol import StubClient
 from gatewayscope.scan import take_snapshot
 from tests.helpers import age, guard_status, wait_for
 from tests.helpers import gateway_sessions as sessions
@@ -75,7 +76,8 @@ def test_guarded_gateway_orphans_are_tombstoned_before_they_are_deleted(guarded_
                  lambda s: s["tombstones"] + s["evicted"] >= N_ROLLOUTS)
         for i in range(CAP):
             httpx.delete(f"{url}/sessions/filler:{i}", timeout=10).raise_for_status()
-        in_flight = httpx.get(f"{stub_worker}/v1/stub/inflight", timeout=10).json()["inflight"]
+        with httpx.Client(timeout=10) as worker:
+            in_flight = StubClient(worker, stub_worker).inflight().inflight
         assert in_flight == N_STRAGGLERS, "the late calls must still be in flight after the evictions"
         run = rollouts.result(timeout=60)
     assert run.ok, run.to_dict()

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gatewayscope.sandbox.stub_protocol import DELAY_FIELD, StubClient, stub_headers
 from gatewayscope.sandbox.stub_worker import complete, prompt_token_count, prompt_token_ids
 
 pytestmark = pytest.mark.e2e
@@ -32,7 +33,7 @@ def wait_traces(client: httpx.Client, sid: str, n: int, timeout: float = 10.0) -
 
 def wait_inflight(client: httpx.Client, tag: str, timeout: float = 5.0) -> int:
     """Calls tagged ``tag`` in flight at the worker, long-polled (answered as soon as there is one)."""
-    return int(client.get("/v1/stub/inflight", params={"tag": tag, "wait": timeout}).json()["inflight"])
+    return StubClient(client).inflight(tag, wait=timeout).inflight
 
 
 def test_stub_worker_direct(stub_worker: str) -> None:
@@ -118,11 +119,9 @@ def test_delay_reaches_the_worker_through_the_gateway(rllm_gateway: Any, how: st
     gw = rllm_gateway("memory")
     tag = f"delay-{how}"
     body: dict[str, Any] = {"model": "m", "messages": MESSAGES}
-    headers = {"x-stub-tag": tag}
-    if how == "header":
-        headers["x-stub-delay"] = "0.8"
-    else:
-        body["stub_delay_seconds"] = 0.8
+    headers = stub_headers(tag=tag, delay=0.8 if how == "header" else None)
+    if how == "body":
+        body[DELAY_FIELD] = 0.8
     result: dict[str, Any] = {}
 
     def call() -> None:
@@ -141,7 +140,7 @@ def test_delay_reaches_the_worker_through_the_gateway(rllm_gateway: Any, how: st
     assert result["response"].status_code == 200
     with httpx.Client(base_url=gw.url, timeout=10) as c:
         [trace] = wait_traces(c, tag, 1)
-        assert c.get("/v1/stub/inflight", params={"tag": tag}).json()["inflight"] == 0
+        assert StubClient(c).inflight(tag).inflight == 0
     assert trace["latency_ms"] >= 800  # the gateway measured the worker's sleep (a lower bound, not a timing)
 
 
@@ -153,27 +152,28 @@ def test_a_held_call_answers_only_after_its_release(rllm_gateway: Any) -> None:
     def call() -> None:
         result["response"] = httpx.post(f"{gw.url}/sessions/{tag}/v1/chat/completions",
                                         json={"model": "m", "messages": MESSAGES},
-                                        headers={"x-stub-tag": tag, "x-stub-hold": "1", "x-stub-delay": "0.1"},
+                                        headers=stub_headers(tag=tag, hold=True, delay=0.1),
                                         timeout=30)
 
     thread = threading.Thread(target=call)
     thread.start()
     try:
         with httpx.Client(base_url=gw.url, timeout=10) as c:
+            stub = StubClient(c)
             assert wait_inflight(c, tag) == 1
             deadline = time.monotonic() + 5
-            while c.get("/v1/stub/inflight", params={"tag": tag}).json()["held"] != 1:  # past its delay
+            while stub.inflight(tag).held != 1:  # past its delay
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
             # held: the session has no trace, and deleting it now happens before the call lands
             assert c.get(f"/sessions/{tag}/traces").json() == []
             assert c.delete(f"/sessions/{tag}").json() == {"deleted": 0}
             assert thread.is_alive()
-            assert c.post("/v1/stub/release", params={"tag": tag}).json() == {"tag": tag, "held": 1, "inflight": 1}
+            assert stub.release(tag) == {"tag": tag, "held": 1, "inflight": 1}
     finally:
         thread.join(timeout=30)
     assert result["response"].status_code == 200
     with httpx.Client(base_url=gw.url, timeout=10) as c:
         assert len(wait_traces(c, tag, 1)) == 1  # landed after the delete: the straggler's resurrection
         assert c.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
-                      headers={"x-stub-hold": "1"}).status_code == 400  # a hold needs a tag
+                      headers=stub_headers(hold=True)).status_code == 400  # a hold needs a tag

@@ -37,6 +37,7 @@ import httpx
 import pytest
 
 from gatewayscope.sandbox.rollouts import RolloutRun, run_rollouts
+from gatewayscope.sandbox.stub_protocol import TAG_HEADER, AsyncStubClient
 from tests.helpers import gateway_sessions, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("gateway_flavor", ["upstream-main"], indirect=True)]
@@ -111,7 +112,7 @@ class BumpBeforeTheFirstStragglerDelete(httpx.AsyncBaseTransport):
         self._bumping: asyncio.Future[None] | None = None
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        tag = request.headers.get("x-stub-tag")
+        tag = request.headers.get(TAG_HEADER)
         if tag and request.method == "POST" and request.url.path.endswith("/chat/completions"):
             self.late_sent.setdefault(tag, time.time())
         elif request.method == "DELETE" and unquote(request.url.path.rsplit("/", 1)[-1]) in self.late_sent:
@@ -122,9 +123,9 @@ class BumpBeforeTheFirstStragglerDelete(httpx.AsyncBaseTransport):
 
     async def _bump(self) -> None:
         async with httpx.AsyncClient(timeout=10) as side:
+            worker = AsyncStubClient(side, self.worker_url)
             for uid in sorted(self.late_sent):
-                answer = await side.get(f"{self.worker_url}/v1/stub/inflight", params={"tag": uid})
-                if answer.json()["inflight"]:
+                if (await worker.inflight(uid)).inflight:
                     self.at_worker.add(uid)
             sent = time.time()
             answer = await side.post(f"{self.gateway_url}/admin/weight_version",
