@@ -186,7 +186,7 @@ ANALYSIS_FUNCTIONS = frozenset({"find_orphans", "orphans_by_task", "trace_store_
                                 "posture_drift"})
 #: (file, function): apply re-judges the posture of the client config it has just re-read, right before it
 #: writes, so a fix is never sent for a setting that is no longer drifted (a check of live state, not a view)
-ALLOWED = {("remediate/apply.py", "posture_drift")}
+ALLOWED = {("remediate/apply/bifrost.py", "posture_drift")}
 
 
 def analysis_calls(path: Path) -> list[tuple[str, int]]:
@@ -215,7 +215,7 @@ def test_no_view_computes_findings_itself() -> None:
     # the search itself finds such calls
     assert {name for name, _ in analysis_calls(PACKAGE / "analysis" / "findings.py")} >= {
         "find_orphans", "orphans_by_task", "classify_records", "unreachable_records", "posture_drift"}
-    assert ("posture_drift" in {name for name, _ in analysis_calls(PACKAGE / "remediate" / "apply.py")}), \
+    assert ("posture_drift" in {name for name, _ in analysis_calls(PACKAGE / "remediate" / "apply" / "bifrost.py")}), \
         "apply no longer re-judges the posture: drop its exception"
 
 

@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from gatewayscope.config import Config, Policy, Target
-from gatewayscope.remediate import apply as apply_module
 from gatewayscope.remediate.apply import ApplyOptions, apply_plan
+from gatewayscope.remediate.apply import protocol as apply_protocol
 from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import DELETE_DUTY, Action, Plan, session_fingerprint
 
@@ -116,7 +116,7 @@ def test_deletes_on_one_target_never_overlap(tmp_path: Path) -> None:
 def test_without_rate_deletes_take_at_most_three_quarters_of_the_gateway(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, delete_cost: float) -> None:
     clock = Clock()
-    monkeypatch.setattr(apply_module.time, "monotonic", clock)
+    monkeypatch.setattr(apply_protocol.time, "monotonic", clock)
     waits: list[float] = []
 
     def sleep(seconds: float) -> None:
@@ -139,7 +139,7 @@ def test_without_rate_deletes_take_at_most_three_quarters_of_the_gateway(
 def test_with_rate_the_rate_paces_the_deletes_and_adds_no_pause(monkeypatch: pytest.MonkeyPatch,
                                                                   tmp_path: Path) -> None:
     clock = Clock()
-    monkeypatch.setattr(apply_module.time, "monotonic", clock)
+    monkeypatch.setattr(apply_protocol.time, "monotonic", clock)
     waits: list[float] = []
 
     def sleep(seconds: float) -> None:

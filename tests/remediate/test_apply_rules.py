@@ -29,7 +29,6 @@ import pytest
 
 from gatewayscope.config import AuthConfig, Config, Policy, Target
 from gatewayscope.errors import PlanError
-from gatewayscope.remediate import apply as apply_module
 from gatewayscope.remediate.apply import (
     POOL_WRITE_TIMEOUT,
     RETRY_SCHEDULE,
@@ -37,6 +36,7 @@ from gatewayscope.remediate.apply import (
     ApplyReport,
     apply_plan,
 )
+from gatewayscope.remediate.apply import protocol as apply_protocol
 from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import Action, Plan, build_plan
 from gatewayscope.sandbox.bifrost_emulator import (
@@ -652,7 +652,7 @@ def test_rule9_rate_limit_spaces_the_writes(emu: BifrostEmulator, tmp_path: Path
     for exactly 0.25 s before every write but the first (on a fake clock that the sleep advances).
     Catches: the limiter removed or not consulted before each write."""
     clock = [1000.0]
-    monkeypatch.setattr(apply_module, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time,
+    monkeypatch.setattr(apply_protocol, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time,
                                                               sleep=time.sleep))
 
     def advance(seconds: float) -> None:
