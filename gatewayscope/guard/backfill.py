@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from gatewayscope._files import MAX_IDS_BYTES, read_text
 from gatewayscope.config import DEFAULT_MAX_BODY_BYTES, is_remote_address
 from gatewayscope.errors import BadResponseError, GatewayscopeError, NotFoundError
 from gatewayscope.guard import sqlite as sqlite_guard
@@ -59,7 +60,7 @@ def read_ids_file(path: str | Path) -> list[str]:
     """Session ids from a text file: one per line, whitespace stripped, blank lines and ``#`` comments
     skipped (a line whose first non-blank character is ``#``). Raises GatewayscopeError when unreadable."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path, limit=MAX_IDS_BYTES)
     except FileNotFoundError:
         raise GatewayscopeError(f"{path}: no such ids file (one session id per line).") from None
     except IsADirectoryError:

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from gatewayscope._files import MAX_JOURNAL_BYTES, check_regular, read_text
 from gatewayscope.errors import PlanError
 
 FINAL_OUTCOMES = ("done", "refused", "unconfirmed", "gone", "stale", "already-done")
@@ -42,6 +43,7 @@ class Journal:
         text = "".join(json.dumps(r, sort_keys=True, separators=(",", ":"), default=str) + "\n" for r in records)
         with self._lock:
             try:
+                check_regular(self.path)  # a FIFO's open for writing waits for a reader
                 with open(self.path, "a", encoding="utf-8") as handle:
                     handle.write(text)
                     handle.flush()
@@ -54,18 +56,21 @@ class Journal:
     def read(self) -> list[dict[str, Any]]:
         """Every well-formed event, oldest first (a torn last line is skipped)."""
         try:
-            text = self.path.read_text(encoding="utf-8")
+            text = read_text(self.path, limit=MAX_JOURNAL_BYTES)
         except FileNotFoundError:
             return []
         except OSError as err:
             raise PlanError(f"Cannot read the journal {self.path}: {err.strerror or err}.") from None
+        except UnicodeDecodeError:
+            raise PlanError(f"Cannot read the journal {self.path}: it is not UTF-8 text, so not a journal "
+                            "gatewayscope wrote.") from None
         events = []
         for line in text.splitlines():
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # a torn line, or one nested too deeply: no event of ours
                 continue
             if isinstance(record, dict):
                 events.append(record)
@@ -124,8 +129,8 @@ class ApplyLockedError(PlanError):
 
 
 def _holder(lock_path: Path) -> str:
-    with contextlib.suppress(OSError, ValueError):
-        info = json.loads(lock_path.read_text(encoding="utf-8"))
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        info = json.loads(read_text(lock_path, limit=4096))
         since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(info["since"])))
         return f"process {int(info['pid'])} (since {since})"
     return "another process"

@@ -31,6 +31,7 @@ from typing import Any, overload
 import polars as pl
 
 from gatewayscope import __version__
+from gatewayscope._files import MAX_CONFIG_BYTES, MAX_PLAN_BYTES, read_bytes, read_text
 from gatewayscope.analysis.findings import Findings, TargetFindings, findings
 from gatewayscope.analysis.posture import SAFE_POSTURE
 from gatewayscope.config import Config
@@ -178,7 +179,7 @@ def plan_key() -> bytes | None:
     if not path:
         return None
     try:
-        key = Path(path).expanduser().read_bytes().strip()
+        key = read_bytes(Path(path).expanduser(), limit=MAX_CONFIG_BYTES).strip()
     except OSError as err:
         raise ConfigError(f"{PLAN_KEY_FILE_ENV}={path}: cannot read the plan key ({err.strerror or err}).") from None
     if not key:
@@ -326,12 +327,14 @@ def load_plan(path: str | Path, *, key: bytes | None = None, ignore_signature: b
     """
     source = Path(path)
     try:
-        data = json.loads(source.read_text())
+        data = json.loads(read_text(source, limit=MAX_PLAN_BYTES))
     except FileNotFoundError:
         raise PlanError(f"{source}: no such plan file; make one with 'gatewayscope plan --out {source}'.") from None
     except RecursionError:
         raise PlanFileError(f"{source} is not a readable plan file: it is nested too deeply.") from None
-    except (OSError, ValueError) as err:
+    except OSError as err:
+        raise PlanError(f"{source} is not a readable plan file: {err.strerror or err}.") from None
+    except ValueError as err:
         raise PlanError(f"{source} is not a readable plan file: {err}") from None
     if not isinstance(data, dict) or "actions" not in data:
         raise PlanError(f"{source} is not a gatewayscope plan (no actions).")
