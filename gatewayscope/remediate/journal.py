@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -161,16 +160,24 @@ def _exclusive(lock_path: Path, plan_id: str, what: str) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+def plan_lock_path(plan_id: str, folder: Path) -> Path:
+    """The per-plan lock file of ``plan_id`` in ``folder`` (the plan file's folder)."""
+    return folder / f".gatewayscope-apply-{plan_id}.lock"
+
+
 @contextlib.contextmanager
-def apply_lock(journal: Journal, plan_id: str) -> Iterator[None]:
-    """Hold the only apply of ``plan_id`` on this machine and the only writer of ``journal`` until exit.
+def apply_lock(journal: Journal, plan_id: str, plan_folder: Path | None = None) -> Iterator[None]:
+    """Hold the only apply of ``plan_id`` and the only writer of ``journal`` until exit.
 
     Two locks (``flock``, released by the kernel when the process dies, so a crash never leaves one
-    behind): one beside the journal (``<journal>.lock``) and one per plan id in the temporary folder, so
-    the same plan applied with two journals is refused too. A second apply raises ApplyLockedError
-    naming the process that holds the lock, before anything is written.
+    behind): one beside the journal (``<journal>.lock``) and one per plan id in ``plan_folder``, the folder of
+    the plan file (:func:`plan_lock_path`; the journal's folder for a plan that is in no file), so the same plan
+    applied with two journals is refused too. The per-plan lock depends on no environment variable (a lock in
+    ``TMPDIR`` let two applies with different ``TMPDIR`` run at once): every apply of one plan file finds it,
+    whoever runs it. A second apply raises ApplyLockedError naming the process that holds the lock, before
+    anything is written.
     """
-    plan_lock = Path(tempfile.gettempdir()) / f"gatewayscope-apply-{plan_id}.lock"
+    plan_lock = plan_lock_path(plan_id, plan_folder if plan_folder is not None else journal.path.parent)
     journal_lock = journal.path.with_name(journal.path.name + ".lock")
     with _exclusive(plan_lock, plan_id, f"Plan {plan_id}"), \
             _exclusive(journal_lock, plan_id, f"The journal {journal.path}"):

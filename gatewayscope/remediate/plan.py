@@ -107,6 +107,9 @@ class Plan:
     #: whether what the plan says can be taken as evidence (its "deleted before" records): True for a plan made
     #: in this process, and for a plan file whose signature was checked with the plan key; never saved
     trusted: bool = field(default=False, compare=False, repr=False)
+    #: the file the plan was read from or saved to (None for a plan only in memory); never saved. Apply keeps its
+    #: per-plan lock in that file's folder
+    path: Path | None = field(default=None, compare=False, repr=False)
 
     def content(self) -> dict[str, Any]:
         """Everything but the id, in a stable form: what the id hashes."""
@@ -137,6 +140,7 @@ class Plan:
             self.signature = sign(self.id or self.compute_id(), key)
         out = Path(path)
         out.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        self.path = out.resolve()
         return out
 
     def target(self, name: str) -> dict[str, Any]:
@@ -355,6 +359,7 @@ def load_plan(path: str | Path, *, key: bytes | None = None, ignore_signature: b
         tool_version=str(data.get("tool_version", "")),
         schema_version=int(data["schema_version"]),
         signature=data.get("signature"),
+        path=source.resolve(),
     )
     plan.id = plan.compute_id()
     if data.get("id") != plan.id:
