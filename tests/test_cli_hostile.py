@@ -123,6 +123,9 @@ OTHER_CASES = {
     "gateway-max-tombstones-negative": ["gateway", "--max-tombstones", "-1"],
     "guard-run-missing-command": ["guard", "run", "--", "/nonexistent/gatewayscope-test-command"],
     "guard-run-no-command": ["guard", "run"],
+    "guard-backfill-stdin-dev-zero": ["guard", "backfill", "{unreachable}", "--ids-file", "-", "@stdin", "/dev/zero"],
+    "guard-backfill-stdin-not-utf8": ["guard", "backfill", "{unreachable}", "--ids-file", "-", "@stdin",
+                                      "{tmp}/not-utf8.txt"],
 }
 
 #: file cases that are no error: the gateway creates a store at a path where there is none
@@ -230,9 +233,16 @@ def test_every_command_says_one_sentence_and_exits_1_or_2(inputs: dict[str, str]
         name, _, value = words[at + 1].partition("=")
         env[name] = value
         del words[at:at + 2]
+    stdin = "/dev/null"
+    if "@stdin" in words:  # the next word is the file the command reads as its standard input
+        at = words.index("@stdin")
+        stdin = words[at + 1]
+        del words[at:at + 2]
+    (tmp_path / "not-utf8.txt").write_bytes(b"\xff\xfe task:0\n")
     try:
-        done = subprocess.run([sys.executable, "-m", "gatewayscope", *words], capture_output=True, text=True,
-                              timeout=CASE_TIMEOUT, env=env, stdin=subprocess.DEVNULL, cwd=tmp_path)
+        with open(stdin, "rb") as given:
+            done = subprocess.run([sys.executable, "-m", "gatewayscope", *words], capture_output=True, text=True,
+                                  timeout=CASE_TIMEOUT, env=env, stdin=given, cwd=tmp_path)
     except subprocess.TimeoutExpired:
         pytest.fail(f"gatewayscope {' '.join(words)} still ran after {CASE_TIMEOUT} s")
     said = done.stdout + done.stderr

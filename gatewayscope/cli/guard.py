@@ -314,7 +314,7 @@ def run_backfill(args: argparse.Namespace) -> int:
     from gatewayscope.guard import backfill as guard_backfill  # HTTP: loaded only when used
 
     if args.ids_file == "-":
-        ids = [line.strip() for line in sys.stdin if line.strip() and not line.strip().startswith("#")]
+        ids = guard_backfill.read_ids_stream(sys.stdin.buffer)
     elif args.ids_file:
         ids = guard_backfill.read_ids_file(args.ids_file)
     else:
