@@ -39,6 +39,7 @@ systemd's credentials folder as ``$CREDENTIALS_DIRECTORY/NAME`` (see :func:`cred
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from gatewayscope._files import MAX_CONFIG_BYTES, read_text
 from gatewayscope.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -101,7 +103,7 @@ def read_secret_file(path: str, key: str) -> str:
 
     Raises ConfigError naming the key and the file (never the content) when it cannot be read or is empty."""
     try:
-        value = Path(path).read_text().rstrip("\r\n")
+        value = read_text(path, limit=MAX_CONFIG_BYTES).rstrip("\r\n")
     except (OSError, UnicodeDecodeError) as err:
         reason = getattr(err, "strerror", None) or "not UTF-8 text"
         raise ConfigError(f"{key}: cannot read {path}: {reason}; check that the file exists and that this "
@@ -285,14 +287,20 @@ class _Problems:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite number (TOML's ``inf`` and ``nan`` are floats, and no setting means them)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_url(value: Any, key: str, problems: _Problems) -> str | None:
     if not isinstance(value, str) or not value:
         problems.add(key, f"expected a URL string like \"http://127.0.0.1:9090\", got {value!r}")
         return None
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - a port out of range or not a number raises here
+    except ValueError as err:
+        problems.add(key, f"expected an http:// or https:// URL with a host, got {value!r} ({err})")
+        return None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         problems.add(key, f"expected an http:// or https:// URL with a host, got {value!r}")
         return None
@@ -300,6 +308,20 @@ def _check_url(value: Any, key: str, problems: _Problems) -> str | None:
         problems.add(key, "must not carry credentials; use the [targets.auth] table instead")
         return None
     return value.rstrip("/")
+
+
+def check_url(value: str, key: str) -> str:
+    """``value`` as a gateway URL (http:// or https://, a host, no credentials; no trailing slash), or ConfigError
+    naming ``key`` (a flag, an argument).
+
+    >>> check_url("http://127.0.0.1:9090/", "target")
+    'http://127.0.0.1:9090'
+    """
+    problems = _Problems("command line")
+    url = _check_url(value, key, problems)
+    if problems.lines or url is None:
+        raise ConfigError(problems.lines)
+    return url
 
 
 def _parse_auth(raw: Any, key: str, problems: _Problems) -> AuthConfig | None:
@@ -470,8 +492,9 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate a TOML config file."""
     origin = str(path)
     try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
+        data = tomllib.loads(read_text(path, limit=MAX_CONFIG_BYTES))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{origin}: not UTF-8 text; a TOML file is UTF-8") from None
     except FileNotFoundError:
         raise ConfigError(f"{origin}: no such file; pass --config with the path of your gatewayscope.toml") from None
     except IsADirectoryError:
@@ -551,9 +574,11 @@ def read_env_file(path: str) -> dict[str, str]:
     """Parse a dotenv file: KEY=VALUE lines, optional ``export``, quotes, ``#`` comments."""
     values: dict[str, str] = {}
     try:
-        text = Path(path).read_text()
+        text = read_text(path, limit=MAX_CONFIG_BYTES)
     except OSError as err:
         raise ConfigError(f"policy.env_file: cannot read {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"policy.env_file: cannot read {path}: not UTF-8 text") from None
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):

@@ -18,6 +18,7 @@ from typing import Any
 import polars as pl
 
 from gatewayscope import __version__
+from gatewayscope._files import MAX_MANIFEST_BYTES, check_regular, read_text
 from gatewayscope.errors import GatewayscopeError
 from gatewayscope.guard.common import GuardStats
 
@@ -184,8 +185,16 @@ class Snapshot:
     # -- persistence -------------------------------------------------------------------------
 
     def save(self, folder: str | Path) -> Path:
-        """Write the snapshot to ``folder`` (created if needed): manifest.json plus parquet frames."""
-        out = Path(folder)
+        """Write the snapshot to ``folder`` (created if needed): manifest.json plus parquet frames.
+
+        Raises GatewayscopeError, saying why, when the folder cannot be made or written."""
+        try:
+            return self._save(Path(folder))
+        except OSError as err:
+            raise GatewayscopeError(f"Cannot save the snapshot to {folder}: {err.strerror or err}; give a folder "
+                                    "this user may create and write.") from None
+
+    def _save(self, out: Path) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         manifest: dict[str, Any] = {
             "format": SNAPSHOT_FORMAT,
@@ -238,15 +247,38 @@ class Snapshot:
 
     @classmethod
     def load(cls, folder: str | Path) -> Snapshot:
-        """Read a snapshot written by :meth:`save`."""
+        """Read a snapshot written by :meth:`save`; GatewayscopeError, saying why, for anything else."""
         src = Path(folder)
         manifest_path = src / "manifest.json"
         try:
-            manifest = json.loads(manifest_path.read_text())
+            manifest = json.loads(read_text(manifest_path, limit=MAX_MANIFEST_BYTES))
         except FileNotFoundError:
             raise GatewayscopeError(f"{src} is not a saved snapshot: it has no manifest.json.") from None
-        except (OSError, ValueError) as err:
-            raise GatewayscopeError(f"Cannot read the snapshot manifest {manifest_path}: {err}") from None
+        except NotADirectoryError:
+            raise GatewayscopeError(f"{src} is not a saved snapshot: give the folder scan --save-snapshot "
+                                    "wrote.") from None
+        except OSError as err:
+            raise GatewayscopeError(f"Cannot read the snapshot manifest {manifest_path}: {err.strerror or err}.") \
+                from None
+        except (ValueError, RecursionError) as err:
+            raise GatewayscopeError(f"Cannot read the snapshot manifest {manifest_path}: it is not the JSON a "
+                                    f"snapshot saves ({type(err).__name__}).") from None
+        if not isinstance(manifest, dict):
+            raise GatewayscopeError(f"{manifest_path} is not a snapshot manifest (no JSON object).")
+        try:
+            return cls._load(src, manifest_path, manifest)
+        except (OSError, KeyError, TypeError, ValueError, AttributeError, pl.exceptions.PolarsError) as err:
+            raise GatewayscopeError(f"{src} is not a snapshot this gatewayscope can read: "
+                                    f"{type(err).__name__} ({err}); save it again with scan --save-snapshot.") \
+                from None
+
+    @classmethod
+    def _load(cls, src: Path, manifest_path: Path, manifest: dict[str, Any]) -> Snapshot:
+        def frame(name: Any) -> pl.DataFrame:
+            path = src / str(name)
+            check_regular(path)  # a FIFO would block the read
+            return pl.read_parquet(path)
+
         if manifest.get("format") != SNAPSHOT_FORMAT:
             raise GatewayscopeError(
                 f"{manifest_path} has snapshot format {manifest.get('format')!r}; "
@@ -259,11 +291,11 @@ class Snapshot:
             snap = TargetSnapshot(**entry)
             if ts_entry:
                 guard = ts_entry.get("guard")
-                traces = pl.read_parquet(src / ts_entry["candidate_traces"])
+                traces = frame(ts_entry["candidate_traces"])
                 if "dispatched_at" not in traces.columns:  # saved before fences: no dispatch times were read
                     traces = traces.with_columns(pl.lit(None, dtype=pl.Float64).alias("dispatched_at"))
                 snap.trace_store = TraceStoreData(
-                    sessions=pl.read_parquet(src / ts_entry["sessions"]),
+                    sessions=frame(ts_entry["sessions"]),
                     candidate_traces=traces,
                     tombstoned_ids=list(ts_entry.get("tombstoned_ids") or []),
                     fences={str(k): float(v) for k, v in (ts_entry.get("fences") or {}).items()},
@@ -279,8 +311,8 @@ class Snapshot:
             if bif_entry:
                 runtime = bif_entry.get("runtime")
                 snap.bifrost = BifrostData(
-                    records=pl.read_parquet(src / bif_entry["records"]),
-                    reachability=pl.read_parquet(src / bif_entry["reachability"]),
+                    records=frame(bif_entry["records"]),
+                    reachability=frame(bif_entry["reachability"]),
                     client_config=dict(bif_entry.get("client_config") or {}),
                     version=bif_entry.get("version"),
                     health=bif_entry.get("health"),

@@ -164,3 +164,21 @@ def hostile(behaviour: Behaviour) -> Iterator[HostileServer]:
         yield server
     finally:
         server.stop()
+
+
+def answer(body: bytes, *, status: str = "200 OK", content_type: str = "application/json") -> Behaviour:
+    """One whole answer of ``body`` (Content-Length set, connection closed after it)."""
+    def behave(conn: socket.socket, stop: threading.Event) -> None:
+        send(conn, f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+                   "Connection: close\r\n\r\n".encode() + body, stop)
+    return behave
+
+
+def deep_json(levels: int = 200_000) -> Behaviour:
+    """A JSON body nested ``levels`` arrays deep (Python's json recurses once per level)."""
+    return answer(b"[" * levels + b"]" * levels)
+
+
+def not_json() -> Behaviour:
+    """A 200 answer that claims JSON and is not (bytes that decode as no text either)."""
+    return answer(b"\xff\xfe<html>\x00\x1b[2J not json")

@@ -53,6 +53,9 @@ EXTRAS = {
     "dispatch-estimate-upstream": [r"plain p50 -?[\d.]+", r"20 plain and 20 streaming calls"],
     "guard-run-startup": [r"runs \d+ a side, medians [\d.]+ ms / [\d.]+ ms"],
     "sqlite-scan": [r"during ours \d[\d,]* ms, during bare \d[\d,]* ms", r"candidates [1-9]"],
+    "guard-install-under-load": [r"store 2,000 sessions/3,980 traces \(20 orphans\), \d+ MB, ",
+                                 r"8 writers through the real 0\.1\.0 gateway, \d+ calls answered during install",
+                                 r"answered [\d,]+ calls, 0 traces lost, 0 gateway lock errors, 0 failed calls"],
 }
 #: benchmarks whose row has no baseline (absolute goals only)
 NO_BASELINE = {"exporter-guarded-10m", "dispatch-estimate-0.1.0", "dispatch-estimate-upstream"}

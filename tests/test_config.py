@@ -356,3 +356,32 @@ def test_the_bifrost_metrics_and_kubernetes_keys_are_checked(tmp_path: Path) -> 
     assert "targets[0].kubernetes.colour: unknown key" in text
     assert "targets[1].metrics_url: only a bifrost target has it" in text
     assert "pw@" not in text
+
+
+#: every number a config file may hold, with the section it sits in ("target" keys in a [[targets]] table)
+NUMBER_KEYS = [("policy", "orphan_idle_seconds"), ("target", "timeout_seconds"),
+               ("exporter", "min_interval_seconds"), ("exporter", "default_scrape_timeout_seconds"),
+               ("exporter", "scrape_timeout_margin_seconds"), ("exporter", "full_read_interval_seconds")]
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+@pytest.mark.parametrize(("section", "key"), NUMBER_KEYS)
+def test_inf_and_nan_in_toml_are_one_config_line_for_every_seconds_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], section: str, key: str, value: str) -> None:
+    target = 'name = "s"\nkind = "rllm"\npath = "/nonexistent/traces.db"\n'
+    text = {"policy": f"[policy]\n{key} = {value}\n[[targets]]\n{target}",
+            "target": f"[[targets]]\n{target}{key} = {value}\n",
+            "exporter": f"[exporter]\n{key} = {value}\n[[targets]]\n{target}"}[section]
+    path = tmp_path / "gatewayscope.toml"
+    path.write_text(text)
+    assert main(["export", "--once", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and key in err[0] and f"got {value.lstrip('-')}" in err[0].replace("-inf", "inf"), err
+    assert "Traceback" not in "\n".join(err)
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://[::1]:99999", "http://host:port"])
+def test_a_url_python_cannot_split_is_one_config_line(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    assert main(["scan", "--trace-store", url]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--trace-store: expected an http:// or https:// URL with a host" in err[0], err

@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 from typing import Literal
 
+from gatewayscope._files import kind_of
 from gatewayscope.errors import StoreError
 
 #: who the sentence speaks for: a scan of a target (whose remedy is the target's ``timeout_seconds``), or the
@@ -80,6 +81,9 @@ def open_store(path: str | Path, *, readonly: bool, busy_timeout: float,
                          "(rllm-model-gateway --db-path, default ~/.rllm/gateway_traces.db).")
     if file.is_dir():
         raise StoreError(f"{name} is a folder; give the gateway's SQLite file itself.")
+    kind = kind_of(file.stat().st_mode)
+    if kind is not None:  # SQLite's open of a FIFO waits for a writer, and a device reads without end
+        raise StoreError(f"{name} is {kind}, not a regular file; give the gateway's SQLite file itself.")
     if readonly and not os.access(file, os.R_OK):
         raise StoreError(f"{name}: permission denied; run gatewayscope as a user that may read it.")
     try:

@@ -33,11 +33,13 @@ FIRST_SESSION_PAGE_SQL = SESSION_PAGE_SQL.replace("session_id > ?", "session_id 
 #: one page of the candidates read, aggregated inside SQLite into one row: how many of the next (at most ``?``)
 #: sessions after a key there are, their traces, the last key, and a JSON array of the ids of those with one
 #: trace at or before a time (the scan's candidates; their figures are read by key afterwards, so every time
-#: keeps its exact value). Python handles one row per page instead of one per session. Parameters: the time,
+#: keeps its exact value). Python handles one row per page instead of one per session. A session id that is not
+#: text (a BLOB, which sorts after every text) is left out of the array, and the page's last key shows it to the
+#: reader, which refuses the store with a sentence. Parameters: the time,
 #: the key, the page size
 CANDIDATE_PAGE_SQL = """
     SELECT COUNT(*), SUM(n), MAX(session_id),
-           json_group_array(session_id) FILTER (WHERE n = 1 AND last <= ?)
+           json_group_array(session_id) FILTER (WHERE n = 1 AND last <= ? AND typeof(session_id) = 'text')
     FROM (SELECT session_id, COUNT(*) AS n, MAX(created_at) AS last
           FROM trace_sessions
           WHERE session_id > ?

@@ -24,6 +24,17 @@ def non_negative_seconds(text: str) -> float:
     return value
 
 
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number > 0 (seconds, a rate; ``inf`` and ``nan`` are refused with a sentence)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, not {text!r}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     """An argparse type: a whole number >= 0."""
     try:
@@ -51,7 +62,7 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
                        help="an rLLM gateway URL or the path of its SQLite store (repeatable)")
     group.add_argument("--bifrost", action="append", default=[], metavar="URL",
                        help="a Bifrost management API URL, no auth (repeatable; use --config for auth)")
-    group.add_argument("--timeout", type=float, metavar="SECONDS",
+    group.add_argument("--timeout", type=positive_number, metavar="SECONDS",
                        help="seconds each request to a target may take in all, its answer included "
                             "(overrides timeout_seconds)")
     group.add_argument("--max-body-bytes", type=int, metavar="BYTES",

@@ -9,6 +9,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from gatewayscope._text import terminal_safe
 from gatewayscope.config import load_config
 
 
@@ -62,8 +63,13 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.stragglers > args.rollouts or args.rollouts < 1 or args.stragglers < 0:
         sys.stderr.write("gatewayscope: --stragglers must be between 0 and --rollouts (>= 1)\n")
         return 2
-    sandbox = Sandbox(args.workdir, rollouts=args.rollouts, stragglers=args.stragglers,
-                      with_bifrost=not args.no_bifrost, with_exporter=not args.no_exporter, say=_say)
+    try:
+        sandbox = Sandbox(args.workdir, rollouts=args.rollouts, stragglers=args.stragglers,
+                          with_bifrost=not args.no_bifrost, with_exporter=not args.no_exporter, say=_say)
+    except OSError as err:  # the work folder cannot be made
+        sys.stderr.write(terminal_safe(f"gatewayscope demo: cannot make the work folder {args.workdir}: "
+                                       f"{err.strerror or err}; give a folder this user may create.") + "\n")
+        return 1
     previous = {sig: signal.signal(sig, handler) for sig, handler in
                 ((signal.SIGTERM, _interrupt), (signal.SIGINT, signal.default_int_handler))}
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import textwrap
@@ -16,7 +17,8 @@ import time
 from typing import Any
 
 from gatewayscope._text import terminal_safe
-from gatewayscope.config import is_remote_address
+from gatewayscope.config import check_url, is_remote_address
+from gatewayscope.errors import ConfigError
 from gatewayscope.guard import sqlite as sqlite_guard
 from gatewayscope.guard.common import DEFAULT_TIMEOUT as REMOTE_TIMEOUT
 
@@ -41,13 +43,23 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _path_or_url(text: str) -> str:
+    """An argparse type: a store's path as given, or a gateway URL Python can split (else a sentence)."""
+    if is_remote_address(text):
+        try:
+            check_url(text, "URL")
+        except ConfigError as err:
+            raise argparse.ArgumentTypeError(str(err).removeprefix("command line: URL: ")) from None
+    return text
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds, more than 0")
     return value
 
 
@@ -109,7 +121,7 @@ def register(subparsers: Any) -> None:
             "Read-only. Exit 0 when the guard is installed and intact, 1 otherwise."
         ),
     )
-    status.add_argument("target", metavar="PATH|URL",
+    status.add_argument("target", metavar="PATH|URL", type=_path_or_url,
                         help="the gateway's SQLite file, or the URL of a 'gatewayscope gateway'")
     status.add_argument("--format", choices=("text", "json"), default="text",
                         help="text (default) for people, json for programs")
@@ -142,7 +154,7 @@ def register(subparsers: Any) -> None:
             "writes came after the delete and are kept anyway."
         ),
     )
-    lift.add_argument("target", metavar="PATH|URL",
+    lift.add_argument("target", metavar="PATH|URL", type=_path_or_url,
                       help="the gateway's SQLite file, or the URL of a 'gatewayscope gateway'")
     lift.add_argument("session_id", metavar="SESSION_ID", help="the session whose tombstone to lift")
     lift.add_argument("--timeout", type=_positive_float, default=REMOTE_TIMEOUT,
@@ -158,7 +170,7 @@ def register(subparsers: Any) -> None:
             "new. Tombstone first, then delete, so a straggler landing in between is dropped."
         ),
     )
-    backfill.add_argument("target", metavar="PATH|URL",
+    backfill.add_argument("target", metavar="PATH|URL", type=_path_or_url,
                           help="the gateway's SQLite file (guard installed), or the URL of a 'gatewayscope "
                                "gateway'")
     source = backfill.add_mutually_exclusive_group(required=True)
@@ -302,7 +314,7 @@ def run_backfill(args: argparse.Namespace) -> int:
     from gatewayscope.guard import backfill as guard_backfill  # HTTP: loaded only when used
 
     if args.ids_file == "-":
-        ids = [line.strip() for line in sys.stdin if line.strip() and not line.strip().startswith("#")]
+        ids = guard_backfill.read_ids_stream(sys.stdin.buffer)
     elif args.ids_file:
         ids = guard_backfill.read_ids_file(args.ids_file)
     else:

@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gatewayscope._text import terminal_safe
-from gatewayscope.cli.common import DEFAULT_CONFIG_ENV, add_policy_arguments, add_target_arguments, config_from_args
+from gatewayscope.cli.common import (
+    DEFAULT_CONFIG_ENV,
+    add_policy_arguments,
+    add_target_arguments,
+    config_from_args,
+    positive_number,
+)
 from gatewayscope.config import Config, Policy, Target, is_remote_address, load_config
 from gatewayscope.errors import ConfigError, PlanError
 from gatewayscope.remediate.journal import Journal, deleted_sessions
@@ -77,7 +83,7 @@ def register(subparsers: Any) -> None:
     apply.add_argument("--allow-delete", action="store_true", help="also run the plan's deletes")
     apply.add_argument("--journal", metavar="FILE", help="the journal (default: PLAN with .journal.jsonl)")
     apply.add_argument("--concurrency", type=int, default=4, metavar="N", help="actions at once (default 4)")
-    apply.add_argument("--rate", type=float, metavar="R",
+    apply.add_argument("--rate", type=positive_number, metavar="R",
                        help="at most R writes per second (default: no limit; session deletes run one at a "
                             "time per target, taking at most 75%% of the gateway's time)")
     apply.add_argument("--max-errors", type=int, metavar="N",

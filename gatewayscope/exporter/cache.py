@@ -28,6 +28,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gatewayscope._text import terminal_safe
 from gatewayscope.config import Policy, Target
 from gatewayscope.exporter.settings import DEFAULT_FULL_READ_INTERVAL_SECONDS
 from gatewayscope.snapshot import TargetSnapshot
@@ -140,6 +141,21 @@ class _DefaultReader:
         return {name: store.counts() for name, store in stores.items()}
 
 
+def log_error_change(name: str, before: str | None, after: str | None) -> None:
+    """Log a target's read error once each time it changes: a new or other error, and the first good read after one.
+
+    The lines are warnings, so a default logging setup prints them; name and error are escaped for terminals
+    (:func:`~gatewayscope._text.terminal_safe`) whatever the process's log setup, since an error quotes what the
+    gateway answered.
+    """
+    if after == before:
+        return
+    if after is not None:
+        log.warning("gatewayscope exporter: target %s cannot be read: %s", terminal_safe(name), terminal_safe(after))
+    else:
+        log.warning("gatewayscope exporter: target %s is read again (the error above is over)", terminal_safe(name))
+
+
 class TargetCache:
     """The exporter's per-target slots. Thread-safe; every method may be called from any thread."""
 
@@ -187,9 +203,11 @@ class TargetCache:
                 )
             reading = Reading(snapshot=snapshot, started_mono=started, finished_mono=self.clock())
             with self._lock:
+                before = slot.last.snapshot.error if slot.last is not None else None
                 slot.last = reading
                 slot.inflight = None
                 slot.reads["ok" if snapshot.up else "error"] += 1
+            log_error_change(target.name, before, snapshot.error)
             future.set_result(reading)
 
         thread = threading.Thread(target=run, name=f"gatewayscope-export-{target.name}", daemon=True)

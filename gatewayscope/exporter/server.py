@@ -6,8 +6,8 @@ Paths:
 * ``/probe?target=NAME``: one target (the multi-target pattern; an unknown or missing name is a 400
   that lists the configured targets; credentials stay in the config, never in the URL);
 * ``/exporter-metrics``: the exporter's own metrics only (the second job of the multi-target pattern);
-* ``/``: a landing page listing the targets with their last read and links (addresses and errors only
-  behind basic auth: see :meth:`Exporter.landing_page`);
+* ``/``: a landing page listing the targets with their last read, the kind of their error, and links
+  (addresses and error messages only behind basic auth: see :meth:`Exporter.landing_page`);
 * ``/-/healthy`` and ``/-/ready``: ``OK`` while the process serves (the liveness and readiness probes). They
   answer without basic auth, so a kubelet probe needs no credentials, and say nothing else.
 
@@ -176,8 +176,10 @@ class Exporter:
         """The HTML of ``/``: every target's name and whether its last read succeeded, and links to every path.
 
         Only ``detailed`` pages (served to a request that passed the configured basic auth) show each target's
-        kind, address, read times and error: they name internal hosts and paths, and anyone who reaches an
-        exporter without basic auth could read them.
+        kind, address, read times and error message: they name internal hosts and paths, and anyone who reaches an
+        exporter without basic auth could read them. Other pages show the kind of a target's error (``timeout``,
+        ``store``, ...: one of a fixed set of words, see :mod:`gatewayscope.errors`); the message itself is in
+        the exporter's log (:func:`gatewayscope.exporter.cache.log_error_change`).
         """
         state = self.cache.counters()
         now = self.cache.clock()
@@ -185,6 +187,7 @@ class Exporter:
         for target in self.targets:
             entry = state.get(target.name, {})
             last = entry.get("last")
+            kind = ""
             if last is None:
                 status, detail = "not read yet", ""
             else:
@@ -193,6 +196,7 @@ class Exporter:
                 detail = f"{now - last.finished_mono:.0f} s ago, took {snap.duration_seconds:.2f} s"
                 if snap.error:
                     detail += f": {snap.error}"
+                    kind = snap.error_kind or "error"
             if entry.get("in_flight"):
                 detail += " (a read is running)"
             link = f"/probe?target={quote(target.name, safe='')}"
@@ -201,13 +205,15 @@ class Exporter:
                 cells += [html.escape(target.kind), html.escape(target.address), html.escape(status),
                           html.escape(detail)]
             else:
-                cells.append(html.escape(status))
+                cells += [html.escape(status), html.escape(kind)]
             rows.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
-        columns = ("target", "kind", "address", "last read", "detail") if detailed else ("target", "last read")
+        columns = (("target", "kind", "address", "last read", "detail") if detailed
+                   else ("target", "last read", "error kind"))
         table = "\n".join(rows) or f"<tr><td colspan=\"{len(columns)}\">no targets configured</td></tr>"
         header = "".join(f"<th>{name}</th>" for name in columns)
-        note = "" if detailed else ("<p>Addresses and errors are shown only when the exporter requires basic "
-                                    "auth (basic_auth_username in its [exporter] table).</p>\n")
+        note = "" if detailed else ("<p>Addresses and error messages are shown only when the exporter requires "
+                                    "basic auth (basic_auth_username in its [exporter] table); the exporter's log "
+                                    "has every target's error, once each time it changes.</p>\n")
         settings = self.settings
         return (
             "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>gatewayscope exporter</title></head>\n"

@@ -25,6 +25,7 @@ credential as ``$CREDENTIALS_DIRECTORY/NAME`` (:func:`gatewayscope.config.creden
 
 from __future__ import annotations
 
+import math
 import os
 import ssl
 from dataclasses import dataclass
@@ -152,7 +153,8 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite number (TOML's ``inf`` and ``nan`` are floats, and no setting means them)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def parse_exporter_settings(raw: dict[str, Any] | None, origin: str = "<config>") -> ExporterSettings:

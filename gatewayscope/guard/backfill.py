@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
+from gatewayscope._files import MAX_IDS_BYTES, read_text
 from gatewayscope.config import DEFAULT_MAX_BODY_BYTES, is_remote_address
 from gatewayscope.errors import BadResponseError, GatewayscopeError, NotFoundError
 from gatewayscope.guard import sqlite as sqlite_guard
@@ -55,11 +56,28 @@ class BackfillResult:
         return text + "."
 
 
+def read_ids_stream(stream: BinaryIO) -> list[str]:
+    """Session ids from a stream (stdin), as :func:`read_ids_file` reads a file: at most ``MAX_IDS_BYTES`` of
+    UTF-8 text, else GatewayscopeError (a stream such as ``/dev/zero`` would fill memory)."""
+    raw = stream.read(MAX_IDS_BYTES + 1)
+    if len(raw) > MAX_IDS_BYTES:
+        raise GatewayscopeError(f"The ids on stdin are more than {MAX_IDS_BYTES // 2**20} MiB; give a file of "
+                                "session ids, one per line, in parts.")
+    try:
+        return _ids(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise GatewayscopeError("The ids on stdin are not UTF-8 text; give session ids, one per line.") from None
+
+
+def _ids(text: str) -> list[str]:
+    return [sid for sid in (line.strip() for line in text.splitlines()) if sid and not sid.startswith("#")]
+
+
 def read_ids_file(path: str | Path) -> list[str]:
     """Session ids from a text file: one per line, whitespace stripped, blank lines and ``#`` comments
     skipped (a line whose first non-blank character is ``#``). Raises GatewayscopeError when unreadable."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path, limit=MAX_IDS_BYTES)
     except FileNotFoundError:
         raise GatewayscopeError(f"{path}: no such ids file (one session id per line).") from None
     except IsADirectoryError:
@@ -69,12 +87,7 @@ def read_ids_file(path: str | Path) -> list[str]:
             from None
     except OSError as err:
         raise GatewayscopeError(f"Cannot read the ids file {path}: {err.strerror or err}.") from None
-    ids: list[str] = []
-    for line in text.splitlines():
-        sid = line.strip()
-        if sid and not sid.startswith("#"):
-            ids.append(sid)
-    return ids
+    return _ids(text)
 
 
 # -- HTTP ----------------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gatewayscope._files import read_bytes
+
 #: announcement files are named ``gatewayscope-guard-<pid>-<port>.json``
 FILE_PREFIX = "gatewayscope-guard-"
 #: the largest announcement file read (one is a few hundred bytes)
@@ -109,12 +111,9 @@ def withdraw(path: str | os.PathLike[str]) -> None:
 
 
 def _parse(path: Path) -> Announcement | None:
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_FILE_BYTES + 1)
+    try:  # a FIFO dropped in the folder would block a plain open: read_bytes refuses it, and a large file
+        raw = read_bytes(path, limit=MAX_FILE_BYTES)
     except OSError:
-        return None
-    if len(raw) > MAX_FILE_BYTES:
         return None
     try:
         body: Any = json.loads(raw)

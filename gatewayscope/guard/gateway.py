@@ -33,14 +33,17 @@ import argparse
 import asyncio
 import bisect
 import contextlib
+import errno
 import inspect
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gatewayscope._files import MAX_CONFIG_BYTES, UnreadableFileError, check_regular
 from gatewayscope.errors import ConfigError, GatewayscopeError
 from gatewayscope.guard.memory import (
     DEFAULT_MAX_TOMBSTONES,
@@ -149,17 +152,51 @@ def require_gateway() -> None:
         ) from None
 
 
+#: the first bytes of every SQLite database file
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_startup_file(flag: str, path: str) -> None:
+    """Raise OSError (its ``strerror`` the reason) for a ``--config`` or ``--db-path`` file the gateway cannot use:
+    not a regular file, a config over MAX_CONFIG_BYTES, a store path that is a folder or a file that is not SQLite
+    (a missing store is fine: the gateway creates it)."""
+    check_regular(path)
+    if flag == "--config":
+        if os.path.isfile(path) and os.path.getsize(path) > MAX_CONFIG_BYTES:
+            raise UnreadableFileError(errno.EFBIG, f"it is larger than {MAX_CONFIG_BYTES // 2**20} MiB")
+        return
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "it is a folder; give the path of the SQLite store's file")
+    if os.path.isfile(path) and os.path.getsize(path) > 0:
+        with open(path, "rb") as handle:
+            if handle.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
+                raise UnreadableFileError(errno.EINVAL, "it is not a SQLite database; give the gateway's store, "
+                                                        "or a new path for a new one")
+
+
 def load_config(args: argparse.Namespace) -> Any:
     """rLLM's ``GatewayConfig`` from the flags, env vars and YAML, read by rLLM's own ``_load_config``."""
     require_gateway()
     from rllm_model_gateway.server import _load_config
 
+    # a FIFO or a device would block the gateway's open of them, or read without end, and the gateway opens its
+    # store only at the first request: what would fail then is refused before it serves
+    for flag, path in (("--config", args.config), ("--db-path", getattr(args, "db_path", None))):
+        if path:
+            try:
+                _check_startup_file(flag, os.path.expanduser(path))
+            except OSError as err:
+                raise ConfigError(f"{flag} {path}: {err.strerror or err}.") from None
     try:
-        return _load_config(args)
+        config = _load_config(args)
     except OSError as err:
         raise ConfigError(f"Cannot read the gateway config file {args.config!r}: {err}") from None
     except Exception as err:  # pydantic ValidationError, yaml errors, a non-numeric RLLM_GATEWAY_PORT
         raise ConfigError(f"The gateway configuration is not valid: {err}") from None
+    port = getattr(config, "port", 0)
+    if isinstance(port, int) and not 0 <= port <= 65535:
+        raise ConfigError(f"The gateway configuration is not valid: port {port} is not from 0 to 65535.")
+    return config
 
 
 # ------------------------------------------------------------------------------------------------
@@ -272,7 +309,7 @@ def parse_index_request(raw: bytes) -> tuple[float | None, str | None, int, list
     """
     try:
         body = json.loads(raw) if raw else {}
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise ValueError(f"the body must be JSON of the shape {_INDEX_SHAPE}") from None
     if not isinstance(body, dict):
         raise ValueError(f"the body must be a JSON object of the shape {_INDEX_SHAPE}")
@@ -392,7 +429,7 @@ def parse_session_ids(raw: bytes) -> list[str]:
     """
     try:
         body = json.loads(raw) if raw else None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise ValueError(f"the body must be JSON of the shape {_BODY_SHAPE}") from None
     if not isinstance(body, dict) or "session_ids" not in body:
         raise ValueError(f"the body must be a JSON object of the shape {_BODY_SHAPE}")
@@ -414,7 +451,7 @@ def parse_conditional_delete(raw: bytes) -> tuple[str, list[str], bool]:
     shape = '{"session_id": "<id>", "trace_ids": ["<trace id>", ...], "tombstoned": true|false}'
     try:
         body = json.loads(raw) if raw else None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise ValueError(f"the body must be JSON of the shape {shape}") from None
     if not isinstance(body, dict):
         raise ValueError(f"the body must be a JSON object of the shape {shape}")

@@ -12,13 +12,13 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from gatewayscope._files import MAX_JOURNAL_BYTES, check_regular, read_text
 from gatewayscope.errors import PlanError
 
 FINAL_OUTCOMES = ("done", "refused", "unconfirmed", "gone", "stale", "already-done")
@@ -42,6 +42,7 @@ class Journal:
         text = "".join(json.dumps(r, sort_keys=True, separators=(",", ":"), default=str) + "\n" for r in records)
         with self._lock:
             try:
+                check_regular(self.path)  # a FIFO's open for writing waits for a reader
                 with open(self.path, "a", encoding="utf-8") as handle:
                     handle.write(text)
                     handle.flush()
@@ -54,18 +55,21 @@ class Journal:
     def read(self) -> list[dict[str, Any]]:
         """Every well-formed event, oldest first (a torn last line is skipped)."""
         try:
-            text = self.path.read_text(encoding="utf-8")
+            text = read_text(self.path, limit=MAX_JOURNAL_BYTES)
         except FileNotFoundError:
             return []
         except OSError as err:
             raise PlanError(f"Cannot read the journal {self.path}: {err.strerror or err}.") from None
+        except UnicodeDecodeError:
+            raise PlanError(f"Cannot read the journal {self.path}: it is not UTF-8 text, so not a journal "
+                            "gatewayscope wrote.") from None
         events = []
         for line in text.splitlines():
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # a torn line, or one nested too deeply: no event of ours
                 continue
             if isinstance(record, dict):
                 events.append(record)
@@ -124,8 +128,8 @@ class ApplyLockedError(PlanError):
 
 
 def _holder(lock_path: Path) -> str:
-    with contextlib.suppress(OSError, ValueError):
-        info = json.loads(lock_path.read_text(encoding="utf-8"))
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        info = json.loads(read_text(lock_path, limit=4096))
         since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(info["since"])))
         return f"process {int(info['pid'])} (since {since})"
     return "another process"
@@ -156,16 +160,24 @@ def _exclusive(lock_path: Path, plan_id: str, what: str) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+def plan_lock_path(plan_id: str, folder: Path) -> Path:
+    """The per-plan lock file of ``plan_id`` in ``folder`` (the plan file's folder)."""
+    return folder / f".gatewayscope-apply-{plan_id}.lock"
+
+
 @contextlib.contextmanager
-def apply_lock(journal: Journal, plan_id: str) -> Iterator[None]:
-    """Hold the only apply of ``plan_id`` on this machine and the only writer of ``journal`` until exit.
+def apply_lock(journal: Journal, plan_id: str, plan_folder: Path | None = None) -> Iterator[None]:
+    """Hold the only apply of ``plan_id`` and the only writer of ``journal`` until exit.
 
     Two locks (``flock``, released by the kernel when the process dies, so a crash never leaves one
-    behind): one beside the journal (``<journal>.lock``) and one per plan id in the temporary folder, so
-    the same plan applied with two journals is refused too. A second apply raises ApplyLockedError
-    naming the process that holds the lock, before anything is written.
+    behind): one beside the journal (``<journal>.lock``) and one per plan id in ``plan_folder``, the folder of
+    the plan file (:func:`plan_lock_path`; the journal's folder for a plan that is in no file), so the same plan
+    applied with two journals is refused too. The per-plan lock depends on no environment variable (a lock in
+    ``TMPDIR`` let two applies with different ``TMPDIR`` run at once): every apply of one plan file finds it,
+    whoever runs it. A second apply raises ApplyLockedError naming the process that holds the lock, before
+    anything is written.
     """
-    plan_lock = Path(tempfile.gettempdir()) / f"gatewayscope-apply-{plan_id}.lock"
+    plan_lock = plan_lock_path(plan_id, plan_folder if plan_folder is not None else journal.path.parent)
     journal_lock = journal.path.with_name(journal.path.name + ".lock")
     with _exclusive(plan_lock, plan_id, f"Plan {plan_id}"), \
             _exclusive(journal_lock, plan_id, f"The journal {journal.path}"):

@@ -31,6 +31,7 @@ from typing import Any, overload
 import polars as pl
 
 from gatewayscope import __version__
+from gatewayscope._files import MAX_CONFIG_BYTES, MAX_PLAN_BYTES, read_bytes, read_text
 from gatewayscope.analysis.findings import Findings, TargetFindings, findings
 from gatewayscope.analysis.posture import SAFE_POSTURE
 from gatewayscope.config import Config
@@ -107,6 +108,9 @@ class Plan:
     #: whether what the plan says can be taken as evidence (its "deleted before" records): True for a plan made
     #: in this process, and for a plan file whose signature was checked with the plan key; never saved
     trusted: bool = field(default=False, compare=False, repr=False)
+    #: the file the plan was read from or saved to (None for a plan only in memory); never saved. Apply keeps its
+    #: per-plan lock in that file's folder
+    path: Path | None = field(default=None, compare=False, repr=False)
 
     def content(self) -> dict[str, Any]:
         """Everything but the id, in a stable form: what the id hashes."""
@@ -137,6 +141,7 @@ class Plan:
             self.signature = sign(self.id or self.compute_id(), key)
         out = Path(path)
         out.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        self.path = out.resolve()
         return out
 
     def target(self, name: str) -> dict[str, Any]:
@@ -179,7 +184,7 @@ def plan_key() -> bytes | None:
     if not path:
         return None
     try:
-        key = Path(path).expanduser().read_bytes().strip()
+        key = read_bytes(Path(path).expanduser(), limit=MAX_CONFIG_BYTES).strip()
     except OSError as err:
         raise ConfigError(f"{PLAN_KEY_FILE_ENV}={path}: cannot read the plan key ({err.strerror or err}).") from None
     if not key:
@@ -327,12 +332,14 @@ def load_plan(path: str | Path, *, key: bytes | None = None, ignore_signature: b
     """
     source = Path(path)
     try:
-        data = json.loads(source.read_text())
+        data = json.loads(read_text(source, limit=MAX_PLAN_BYTES))
     except FileNotFoundError:
         raise PlanError(f"{source}: no such plan file; make one with 'gatewayscope plan --out {source}'.") from None
     except RecursionError:
         raise PlanFileError(f"{source} is not a readable plan file: it is nested too deeply.") from None
-    except (OSError, ValueError) as err:
+    except OSError as err:
+        raise PlanError(f"{source} is not a readable plan file: {err.strerror or err}.") from None
+    except ValueError as err:
         raise PlanError(f"{source} is not a readable plan file: {err}") from None
     if not isinstance(data, dict) or "actions" not in data:
         raise PlanError(f"{source} is not a gatewayscope plan (no actions).")
@@ -353,6 +360,7 @@ def load_plan(path: str | Path, *, key: bytes | None = None, ignore_signature: b
         tool_version=str(data.get("tool_version", "")),
         schema_version=int(data["schema_version"]),
         signature=data.get("signature"),
+        path=source.resolve(),
     )
     plan.id = plan.compute_id()
     if data.get("id") != plan.id:

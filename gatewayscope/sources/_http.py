@@ -241,7 +241,7 @@ def error_message(response: httpx.Response) -> str:
     """The sentence in an error answer: its ``error``/``detail``/``message`` field, else the text."""
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than Python's stack
         return response.text[:200] or response.reason_phrase
     if isinstance(body, dict):
         for key in ("error", "detail", "message"):
@@ -369,5 +369,5 @@ class HttpClient:
         try:
             with gc_paused():
                 return True, response.json()
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested deeper than the stack
             return False, None

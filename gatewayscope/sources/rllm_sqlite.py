@@ -37,6 +37,7 @@ from gatewayscope._sqlite.schema import (
 )
 from gatewayscope._sqlite.statements import STATEMENT_SECONDS, StatementWatch, fetch_all, fetch_for, fetch_watched
 from gatewayscope.config import Policy, Target
+from gatewayscope.errors import StoreError
 from gatewayscope.orphan_rule import Tombstone, candidate_expr, dispatched_at_sql
 from gatewayscope.snapshot import (
     CANDIDATE_TRACES_SCHEMA,
@@ -164,8 +165,8 @@ def supports_candidate_pages(conn: sqlite3.Connection, *, busy_timeout: float = 
     return True
 
 
-def iter_candidate_pages(conn: sqlite3.Connection, idle_before: float, *, busy_timeout: float = 10.0,
-                         watch: StatementWatch | None = None,
+def iter_candidate_pages(conn: sqlite3.Connection, idle_before: float, *, path: str = "",
+                         busy_timeout: float = 10.0, watch: StatementWatch | None = None,
                          page_limit: int = SESSION_PAGE) -> Iterator[tuple[int, int, list[str]]]:
     """Pages of (sessions, traces, candidate ids) covering every session once, in key order: the ids are those
     of the one-trace sessions whose trace is at or before ``idle_before``.
@@ -174,7 +175,8 @@ def iter_candidate_pages(conn: sqlite3.Connection, idle_before: float, *, busy_t
     row per page. Its size follows the pace of the page before, aiming at ``CANDIDATE_PAGE_SECONDS`` of lock
     (at most ``page_limit`` sessions, and four times the page before). With ``watch``, a page still running
     ``STATEMENT_SECONDS + WATCH_GRACE_SECONDS`` after it took the lock (a page cache miss) is interrupted and
-    tried again a quarter of its size; one of a single session runs unwatched to its end.
+    tried again a quarter of its size; one of a single session runs unwatched to its end. A session id that is
+    not text raises :func:`not_text_id_error` naming ``path``, as :func:`sessions_frame` does.
     """
     last, sql, size = "", FIRST_CANDIDATE_PAGE_SQL, min(FIRST_CANDIDATE_PAGE, page_limit)
     while True:  # bounded: every page moves ``last`` forward; an interrupted one shrinks to a single session
@@ -186,6 +188,8 @@ def iter_candidate_pages(conn: sqlite3.Connection, idle_before: float, *, busy_t
             continue
         rows, seconds = done
         count, traces, top, ids = rows[0]
+        if count and not isinstance(top, str):  # a BLOB sorts after every text: the page's last key shows one
+            raise not_text_id_error(path, top)
         if count:
             yield int(count), int(traces or 0), [str(sid) for sid in json.loads(ids)]
         if count < size:
@@ -290,11 +294,11 @@ def _iter_trace_rows(conn: sqlite3.Connection, key: str, keys: list[Any], *, sec
 
 def candidate_trace_row(raw: tuple[Any, ...]) -> tuple[Any, ...]:
     """A CANDIDATE_TRACES_SCHEMA row from one row of :func:`_iter_candidate_traces` (the token ids' count, else
-    the recorded prompt count; a value of the wrong type as None)."""
+    the recorded prompt count; a value of the wrong type, a time that is no number included, as None)."""
     sid, trace_id, created, weight_v, n_ids, n_prompt, chars, model, dispatched = raw
     prompt_tokens = n_ids if n_ids else n_prompt
     return (
-        sid, trace_id, created,
+        sid, trace_id, trace_time(created),
         int(weight_v) if isinstance(weight_v, (int, float)) else None,
         int(prompt_tokens) if isinstance(prompt_tokens, (int, float)) else None,
         chars, model if isinstance(model, str) else None,
@@ -302,10 +306,39 @@ def candidate_trace_row(raw: tuple[Any, ...]) -> tuple[Any, ...]:
     )
 
 
-def _sessions_frame(rows: list[tuple[Any, ...]]) -> pl.DataFrame:
-    """One page as a SESSIONS_SCHEMA frame, built column by column (cheaper than row by row)."""
-    return pl.DataFrame([pl.Series(name, [row[i] for row in rows], dtype=dtype)
-                         for i, (name, dtype) in enumerate(SESSIONS_SCHEMA.items())])
+def trace_time(value: Any) -> float | None:
+    """A trace time as every read of a store takes it: a number of seconds, else None (unknown).
+
+    The gateway writes REAL seconds; a TEXT or BLOB ``created_at`` (a row something else wrote) is an unknown time,
+    and a session whose last time is unknown is no candidate, as SQLite's own comparison makes it in the
+    candidates read (a TEXT value sorts after every number, so ``MAX(created_at) <= ?`` is false).
+    """
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def not_text_id_error(path: str, value: Any) -> StoreError:
+    """The StoreError for a session id that is not text (the gateway writes text ids only)."""
+    kind = "a BLOB" if isinstance(value, (bytes, bytearray, memoryview)) else f"a {type(value).__name__}"
+    return StoreError(f"{path} holds a session id that is not text ({kind}); the rLLM gateway writes text ids only, "
+                      "so another program wrote that row: find it with SELECT rowid FROM trace_sessions WHERE "
+                      "typeof(session_id) != 'text', and remove or repair it.")
+
+
+def sessions_frame(rows: list[tuple[Any, ...]], path: str) -> pl.DataFrame:
+    """One page of (session_id, count, first, last) rows of the store at ``path`` as a SESSIONS_SCHEMA frame, built
+    column by column (cheaper than row by row). Times are read by :func:`trace_time`; a session id that is not text
+    raises :func:`not_text_id_error` (every read of a store, the scan's and the exporter's, builds its frames here,
+    so they read the same rows the same way)."""
+    ids = [row[0] for row in rows]
+    for sid in ids:
+        if not isinstance(sid, str):
+            raise not_text_id_error(path, sid)
+    counts = [row[1] for row in rows]
+    firsts = [trace_time(row[2]) for row in rows]
+    lasts = [trace_time(row[3]) for row in rows]
+    return pl.DataFrame([pl.Series(name, column, dtype=dtype)
+                         for column, (name, dtype) in zip((ids, counts, firsts, lasts), SESSIONS_SCHEMA.items(),
+                                                          strict=True)])
 
 
 def read_trace_store_sqlite(target: Target, policy: Policy, *, now: float, page_size: int = SESSION_PAGE,
@@ -364,28 +397,28 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
         if indexed is not None:
             assert guard_read is not None
             guard, tombstoned = guard_read
-            sessions = _sessions_frame(indexed.rows) if indexed.rows else empty_frame(SESSIONS_SCHEMA)
+            sessions = sessions_frame(indexed.rows, path) if indexed.rows else empty_frame(SESSIONS_SCHEMA)
             totals: tuple[int, int] | None = (indexed.sessions, indexed.traces)
         elif not listing and supports_candidate_pages(conn, busy_timeout=wait):
             guard, tombstoned = guard_read or read_guard()
             session_total = trace_total = 0
             wanted: list[str] = []
-            for count, traces, ids in iter_candidate_pages(conn, idle_before, busy_timeout=wait, watch=watch,
-                                                           page_limit=page_size):
+            for count, traces, ids in iter_candidate_pages(conn, idle_before, path=path, busy_timeout=wait,
+                                                           watch=watch, page_limit=page_size):
                 session_total, trace_total = session_total + count, trace_total + traces
                 wanted += ids
             rows = [row for page in _iter_by_session(conn, _SESSION_ROWS_SQL, [*wanted, *fenced(tombstoned)],
                                                      seconds=STATEMENT_SECONDS, busy_timeout=wait, probe=probe,
                                                      watch=watch)
                     for row in page]
-            sessions = _sessions_frame(rows) if rows else empty_frame(SESSIONS_SCHEMA)
+            sessions = sessions_frame(rows, path) if rows else empty_frame(SESSIONS_SCHEMA)
             totals = (session_total, trace_total)
         else:
             totals = None
             pages: list[pl.DataFrame] = []
             for rows in iter_session_pages(conn, page_size, busy_timeout=wait, probe=probe, watch=watch):
                 # built between statements: the gateway commits meanwhile
-                pages.append(_sessions_frame(rows))
+                pages.append(sessions_frame(rows, path))
             sessions = pl.concat(pages, rechunk=True) if pages else empty_frame(SESSIONS_SCHEMA)
             del pages
             guard, tombstoned = guard_read or read_guard()  # read once: before the pages when the index was looked for

@@ -59,6 +59,7 @@ from gatewayscope.sources.rllm_sqlite import (
     _iter_candidate_traces,
     candidate_trace_row,
     current_weight_version,
+    sessions_frame,
 )
 
 #: how a read of a SQLite store went: built on the last read, everything read, or the scan's read of a store
@@ -83,7 +84,7 @@ _DIGEST = "CAST(created_at * 1000 AS INTEGER) % 1000003"
 
 #: a full read's page: the scan's session page (same index, same order) of the rows up to the watermark
 _PAGE_SQL = f"""
-    SELECT session_id, COUNT(*), MIN(created_at), MAX(created_at), SUM({_DIGEST})
+    SELECT session_id, COUNT(*), MIN(created_at), MAX(created_at), IFNULL(SUM({_DIGEST}), 0)
     FROM trace_sessions
     WHERE session_id > ? AND rowid <= ?
     GROUP BY session_id
@@ -258,8 +259,8 @@ class IncrementalStore:
             rows, ended = fetch_for(run.conn, sql, (last, links_rowid, SESSION_PAGE),
                                     seconds=STATEMENT_SECONDS, busy_timeout=run.wait, probe=run.probe,
                                     watch=run.watch)
-            if rows:  # every row is a whole session (see iter_session_pages)
-                pages.append(_sessions_frame(rows))
+            if rows:  # every row is a whole session (see iter_session_pages), its figures read as the scan's are
+                pages.append(sessions_frame(rows, run.path))
                 count += sum(int(row[1]) for row in rows)
                 digest += sum(int(row[4]) for row in rows)
                 last, sql = rows[-1][0], _PAGE_SQL
@@ -388,11 +389,6 @@ def merge_sessions(sessions: pl.DataFrame, rows: Iterable[tuple[str, float]]) ->
         .sort("session_id")
     )
     return sessions.filter(~hit).merge_sorted(combined, key="session_id").select(list(SESSIONS_SCHEMA))
-
-
-def _sessions_frame(rows: list[tuple[Any, ...]]) -> pl.DataFrame:
-    return pl.DataFrame([pl.Series(name, [row[i] for row in rows], dtype=dtype)
-                         for i, (name, dtype) in enumerate(SESSIONS_SCHEMA.items())])
 
 
 def _candidate_ids(sessions: pl.DataFrame, policy: Policy, *, now: float) -> list[str]:

@@ -67,3 +67,16 @@ def test_a_config_may_hold_only_a_discovery_dir(tmp_path: Path) -> None:
         build_config(str(path))
     with pytest.raises(ConfigError, match="discovery_dir"):
         parse_exporter_settings({"discovery_dir": 5})
+
+
+@pytest.mark.e2e  # starts a process
+def test_a_fifo_in_the_discovery_dir_is_skipped_without_blocking(tmp_path: Path) -> None:
+    folder = tmp_path / "gateways"
+    mine = discovery.announce(folder, host="127.0.0.1", port=41003, store="memory")
+    os.mkfifo(folder / "gatewayscope-guard-8-8.json")  # its open would wait for a writer that never comes
+    done = subprocess.run([sys.executable, "-c", "import sys; from gatewayscope.guard import discovery; "
+                           "print(sorted(a.name for a in discovery.discover(sys.argv[1])))", str(folder)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['guarded-41003']"
+    discovery.withdraw(mine)

@@ -19,12 +19,15 @@ from typing import Any
 import polars as pl
 import pytest
 
+from gatewayscope.analysis.findings import target_findings
 from gatewayscope.config import Config, Policy, Target
+from gatewayscope.errors import StoreError
 from gatewayscope.exporter import collectors, settings
 from gatewayscope.exporter.server import Exporter
 from gatewayscope.exporter.settings import ExporterSettings
 from gatewayscope.guard import sqlite as guard_sqlite
-from gatewayscope.snapshot import TraceStoreData
+from gatewayscope.scan import read_target
+from gatewayscope.snapshot import TargetSnapshot, TraceStoreData
 from gatewayscope.sources import rllm_sqlite_delta as delta
 from gatewayscope.sources.rllm_sqlite import read_trace_store_sqlite
 from gatewayscope.sources.rllm_sqlite_delta import IncrementalStore
@@ -324,3 +327,57 @@ def test_the_exporters_vocabularies_and_default_are_the_sources() -> None:
     assert collectors.STORE_READ_MODES == delta.MODES
     assert collectors.FULL_READ_REASONS == delta.FULL_REASONS
     assert settings.DEFAULT_FULL_READ_INTERVAL_SECONDS == delta.DEFAULT_FULL_READ_INTERVAL_SECONDS
+
+
+# -- rows no gateway writes: the scan and the exporter read them the same way (issue 23) ----------------------
+
+def foreign_row(path: Path, sid: Any, created: Any) -> None:
+    """A junction row (and its trace) another program wrote: a session id or a time of a type the gateway never
+    writes (the columns' REAL and TEXT affinities keep a TEXT time TEXT and a BLOB id a BLOB)."""
+    with writer(path) as conn:
+        conn.execute("INSERT INTO traces (trace_id, data, created_at) VALUES ('foreign/0', '{}', ?)", (created,))
+        conn.execute("INSERT INTO trace_sessions (trace_id, session_id, created_at) VALUES ('foreign/0', ?, ?)",
+                     (sid, created))
+    conn.close()
+
+
+def scan_read(path: Path) -> TargetSnapshot:
+    return read_target(target(path), POLICY, now=NOW)
+
+
+@pytest.mark.e2e  # starts a process
+def test_a_text_time_is_read_alike_by_the_scan_and_the_exporter(store: Path) -> None:
+    foreign_row(store, "text-time", "yesterday")
+    want = full(store)
+    assert ("text-time", 1, None, None) in want.sessions.rows()  # an unknown time, and so no candidate
+    assert_same(read(IncrementalStore(), store), want)
+    scanned = scan_read(store)
+    assert scanned.up, scanned.error
+    exported = Exporter(Config(targets=[target(store)], policy=POLICY),
+                        ExporterSettings(min_interval_seconds=0)).cache.fetch([target(store)], 30)[0].snapshot
+    assert exported.up, exported.error
+    orphans = [sorted(target_findings(snap, POLICY, now=NOW).orphans["session_id"].to_list())  # type: ignore[index]
+               for snap in (scanned, exported)]
+    assert orphans[0] == orphans[1] == ["orphan-1", "orphan-2"]
+
+
+@pytest.mark.e2e  # starts a process
+def test_a_text_time_in_the_rows_added_since_is_read_as_a_full_read_reads_it(store: Path) -> None:
+    inc = IncrementalStore()
+    read(inc, store)
+    foreign_row(store, "text-time", "yesterday")
+    assert_same(read(inc, store), full(store))
+
+
+@pytest.mark.e2e  # starts a process
+def test_a_blob_session_id_is_the_same_sentence_from_the_scan_and_the_exporter(store: Path) -> None:
+    foreign_row(store, b"\x00\xff", NOW - 2 * DAY)
+    scanned = scan_read(store)
+    exported = Exporter(Config(targets=[target(store)], policy=POLICY),
+                        ExporterSettings(min_interval_seconds=0)).cache.fetch([target(store)], 30)[0].snapshot
+    with pytest.raises(StoreError) as listed:
+        full(store)
+    assert not scanned.up and not exported.up
+    assert scanned.error == exported.error == str(listed.value)
+    assert scanned.error_kind == exported.error_kind == "store"
+    assert "session id that is not text (a BLOB)" in str(listed.value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import re
 import signal
@@ -27,9 +28,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gatewayscope.config import Config, Policy, Target
 from gatewayscope.errors import ConfigError
+from gatewayscope.exporter.cache import TargetCache
 from gatewayscope.exporter.server import ExporterServer, make_server
 from gatewayscope.exporter.settings import ExporterSettings
 from gatewayscope.sandbox.processes import free_port
+from gatewayscope.snapshot import TargetSnapshot
 from tests.hostile import drip_body, hostile
 
 NOW = time.time()
@@ -484,6 +487,8 @@ def test_landing_page_shows_addresses_and_errors_only_behind_basic_auth(
         assert url not in page and url.split("//")[1] not in page
     assert "Cannot reach" not in page and "127.0.0.1" not in page
     assert "only when the exporter requires basic auth" in page
+    # the kind of the error (a fixed word, no secret) without basic auth, as docs/runbooks.md tells the operator
+    assert "<td>unreachable</td>" in rows["down"] and "<td></td>" in rows["good"]
 
     monkeypatch.setenv("GS_TEST_EXPORTER_PASSWORD", "s3cret-pw")
     guarded = serve(*config_for(urls, basic_auth_username="prometheus",
@@ -677,3 +682,26 @@ def test_two_hundred_connections_at_once_are_all_served_by_a_bounded_pool(
     assert not errors, errors[:3]
     assert statuses == [200] * clients
     assert 0 < peak[0] <= bound, f"{peak[0]} server threads at once; the bound is {bound}"
+
+
+def test_every_target_error_is_logged_once_each_time_it_changes_and_escaped(caplog: pytest.LogCaptureFixture) -> None:
+    target = Target(name="t\x1b[2J", kind="rllm", url="http://127.0.0.1:9")
+    errors = iter(["boom\x1b[31m\nFORGED", "boom\x1b[31m\nFORGED", "other", None, None, "other"])
+
+    def reader(target: Target, policy: Policy, *, now: float, transport: Any = None) -> TargetSnapshot:
+        error = next(errors)
+        return TargetSnapshot(name=target.name, kind=target.kind, address=target.address, up=error is None,
+                              started_at=now, duration_seconds=0.0, error=error,
+                              error_kind=None if error is None else "source")
+
+    cache = TargetCache([target], Policy(), min_interval_seconds=0, reader=reader)
+    with caplog.at_level(logging.WARNING, logger="gatewayscope.exporter.cache"):
+        for _ in range(6):
+            cache.fetch([target], 10)
+    lines = [record.getMessage() for record in caplog.records if record.name == "gatewayscope.exporter.cache"]
+    assert lines == [
+        "gatewayscope exporter: target t\\x1b[2J cannot be read: boom\\x1b[31m\\nFORGED",
+        "gatewayscope exporter: target t\\x1b[2J cannot be read: other",
+        "gatewayscope exporter: target t\\x1b[2J is read again (the error above is over)",
+        "gatewayscope exporter: target t\\x1b[2J cannot be read: other",
+    ]

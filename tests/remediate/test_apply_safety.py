@@ -13,7 +13,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -297,3 +300,41 @@ def test_the_delete_lock_probe_sees_another_process_reading(tmp_path: Path) -> N
         if reader.poll() is None:
             reader.kill()
         reader.wait()
+
+
+@pytest.mark.e2e  # starts a process
+def test_two_applies_of_one_plan_with_different_tmpdirs_and_journals_do_not_run_at_once(tmp_path: Path) -> None:
+    """Two real applies: the first holds its locks while it waits for the store's write lock (held here); the
+    second, with another TMPDIR and another journal, is refused: the per-plan lock is beside the plan file."""
+    db = tmp_path / "traces.db"
+    write_store(db, {"orphan:0": 1, "live:0": 2})
+    age(db, ["orphan:0"], 3 * 3600)
+    plan, _ = sqlite_plan(db)
+    assert [a.subject for a in plan.actions if a.kind == "session_delete"] == ["orphan:0"]
+    plan_file = plan.save(tmp_path / "plan.json")
+    env = {key: value for key, value in os.environ.items() if key not in (PLAN_KEY_ENV, PLAN_KEY_FILE_ENV)}
+    command = [sys.executable, "-m", "gatewayscope", "apply", str(plan_file), "--yes", "--allow-delete"]
+    for name in ("tmp-a", "tmp-b"):
+        (tmp_path / name).mkdir()
+    blocker = sqlite3.connect(db, timeout=10, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # the store's write lock: the first apply's delete waits for it
+    first = subprocess.Popen([*command, "--journal", str(tmp_path / "first.jsonl")], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**env, "TMPDIR": str(tmp_path / "tmp-a")})
+    try:
+        journal_lock = tmp_path / "first.jsonl.lock"
+        deadline = time.monotonic() + 60
+        while not (journal_lock.exists() and journal_lock.read_text()):  # bounded by the deadline
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "the first apply never took its locks"
+            time.sleep(0.05)
+        second = subprocess.run([*command, "--journal", str(tmp_path / "second.jsonl")], capture_output=True,
+                                text=True, timeout=120, env={**env, "TMPDIR": str(tmp_path / "tmp-b")})
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        out, err = first.communicate(timeout=120)
+    assert second.returncode == 1, (second.stdout, second.stderr)
+    assert f"is being applied by process {first.pid}" in second.stderr
+    assert not (tmp_path / "second.jsonl").exists() or Journal(tmp_path / "second.jsonl").read() == []
+    assert first.returncode == 0, (out, err)
+    assert session_counts(db) == {"live:0": 2}

@@ -265,7 +265,8 @@ def apply_plan(
     options = options or ApplyOptions()
     _validate(plan, config, options, journal)
     # the lock comes before the journal is read: two applies must not both find an action unsettled
-    with apply_lock(journal, plan.id) if journal is not None and options.write else nullcontext():
+    plan_folder = plan.path.parent if plan.path is not None else None
+    with apply_lock(journal, plan.id, plan_folder) if journal is not None and options.write else nullcontext():
         report = ApplyReport(plan_id=plan.id, dry_run=not options.write)
         pending = _resume(plan, journal, report)
         if plan.actions and not pending:

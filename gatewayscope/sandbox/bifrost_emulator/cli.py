@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -25,26 +26,61 @@ DEFAULT_PORT = 8080
 DEFAULT_PASSWORD_ENV = "GATEWAYSCOPE_EMULATOR_PASSWORD"
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 0 (a free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, not {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, not {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, not {text!r}")
+    return value
+
+
+def _whole(minimum: int) -> Any:
+    """An argparse type: a whole number >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, not {text!r}")
+        return value
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The emulator's flags (the same for both entry points)."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT,
                         help="port to listen on, 0 for a free one (default: %(default)s, the gateway's)")
     parser.add_argument("--seed", choices=SEED_NAMES, default="empty",
                         help="store to boot with: empty, small (a dozen records) or realistic "
                              "(hundreds of org-scoped custom records) (default: %(default)s)")
     parser.add_argument("--rng-seed", type=int, default=DEFAULT_RNG_SEED,
                         help="random seed of the realistic store (default: %(default)s)")
-    parser.add_argument("--live-port", type=int, default=DEFAULT_LIVE_PORT,
+    parser.add_argument("--live-port", type=_port, default=DEFAULT_LIVE_PORT,
                         help="port named in the seeded live base URLs (default: %(default)s)")
     parser.add_argument("--auth-user", metavar="USER",
                         help="turn on the management API's Basic auth with this admin user")
     parser.add_argument("--auth-password-env", metavar="VAR", default=None,
                         help=f"environment variable holding the admin password (default: {DEFAULT_PASSWORD_ENV}); "
                              "a password is never taken on the command line")
-    parser.add_argument("--dns-timeout", type=float, default=5.0,
+    parser.add_argument("--dns-timeout", type=_seconds, default=5.0,
                         help="bound on the base-URL DNS lookup, seconds (default: %(default)s)")
-    parser.add_argument("--model-discovery-delay", type=float, default=0.0,
+    parser.add_argument("--model-discovery-delay", type=_seconds, default=0.0,
                         help="emulated upstream model listing after each write, seconds, ≤ 15 (default: 0)")
     parser.add_argument("--version-string", default="v2.2.4",
                         help="what GET /api/version answers (default: %(default)s)")
@@ -54,13 +90,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="older builds: secrets as {value, env_var, from_env}")
     parser.add_argument("--no-metrics", action="store_true",
                         help="GET /metrics answers 404, as with the gateway's telemetry plugin off")
-    parser.add_argument("--stack-bytes-per-goroutine", type=int, default=DEFAULT_STACK_BYTES_PER_GOROUTINE,
+    parser.add_argument("--stack-bytes-per-goroutine", type=_whole(1), default=DEFAULT_STACK_BYTES_PER_GOROUTINE,
                         help="stack each goroutine holds, bytes (default: %(default)s)")
-    parser.add_argument("--baseline-memory-bytes", type=int, default=DEFAULT_BASELINE_MEMORY_BYTES,
+    parser.add_argument("--baseline-memory-bytes", type=_whole(0), default=DEFAULT_BASELINE_MEMORY_BYTES,
                         help="memory the process holds besides goroutine stacks, bytes (default: %(default)s)")
-    parser.add_argument("--baseline-goroutines", type=int, default=DEFAULT_BASELINE_GOROUTINES,
+    parser.add_argument("--baseline-goroutines", type=_whole(0), default=DEFAULT_BASELINE_GOROUTINES,
                         help="goroutines the process runs besides the workers (default: %(default)s)")
-    parser.add_argument("--memory-limit-bytes", type=int, default=None,
+    parser.add_argument("--memory-limit-bytes", type=_whole(1), default=None,
                         help="kill the process when its resident memory would exceed this (default: no limit)")
     parser.add_argument("--update-overlap", action="store_true",
                         help="a provider update runs the old and the new workers together for a moment "

@@ -174,7 +174,7 @@ def _envelope(response: httpx.Response) -> tuple[str, str | None]:
     """(message, error type) from Bifrost's error envelope, or a short stand-in when there is none."""
     try:
         data = response.json()
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested deeper than the stack
         data = None
     message: str | None = None
     error_type: str | None = None

@@ -1,0 +1,230 @@
+"""``gatewayscope guard install`` on a large store while the real rLLM gateway writes to it from 8 writers.
+
+One row, ``guard-install-under-load``: the 10,000,000-session store of :mod:`bench._stores` (times ``--scale``),
+copied fresh for each run, the unmodified 0.1.0 ``rllm-model-gateway --store sqlite`` serving the copy in front
+of the stub worker, and 8 writer threads sending paced chat calls on their own live sessions (as the e2e's load
+does). Once the load is under way, ``install()`` runs in a fresh child (its seconds and peak RSS are its own);
+the load goes on until it has had calls answered after install returned, then stops, and the file is read for
+the answered calls' traces (by the worker's response id) once the gateway has persisted its last ones.
+
+Baseline: the same install, in a fresh child, on another fresh copy with no gateway and no load, in the same
+run. Goals: the install finishes under the load (an error is an ERROR row), no answered trace is lost, the
+gateway logs no lock error, and the load costs the install at most ``RATIO_TARGET`` times its idle time.
+
+Children: ``python -m bench.guard_install install PATH`` (used by the benchmark only).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from bench._stores import SlimStore, ensure_store
+from bench.common import BenchContext, BenchError, BenchResult, Check, emit, median, peak_rss_bytes, register, run_child
+
+MODULE = "bench.guard_install"
+NAME = "guard-install-under-load"
+ROW = "guard install on a 10M-session store under the gateway's 8-writer load"
+WRITERS = 8
+SESSIONS_PER_WRITER = 3
+#: a writer's pause between two calls (paced agents, as in the e2e's load)
+WRITER_PAUSE = 0.01
+#: answered calls before install starts, and after it returned, before the load stops
+CALLS_BEFORE = 50
+CALLS_AFTER = 50
+#: the load's traces are final once their count holds this long
+SETTLE_QUIET = 5.0
+#: liveness bounds (seconds): they only end a run that no longer makes progress
+LOAD_BOUND = 120.0
+INSTALL_BOUND = 6 * 3600.0
+RATIO_TARGET = 3.0
+MODEL = "Qwen/Qwen3-8B"
+
+
+# -- the install child ------------------------------------------------------------------------------
+
+def _child_install(path: str) -> dict[str, Any]:
+    from gatewayscope.guard.sqlite import install
+
+    started = time.monotonic()
+    result = install(path, busy_timeout=30.0)
+    return {"seconds": time.monotonic() - started, "rss": peak_rss_bytes(), "changed": result.changed,
+            "started": started}
+
+
+def child_main(argv: Sequence[str]) -> int:
+    if len(argv) == 2 and argv[0] == "install":
+        emit(_child_install(argv[1]))
+        return 0
+    print("usage: python -m bench.guard_install install PATH", file=sys.stderr)
+    return 2
+
+
+# -- the load ---------------------------------------------------------------------------------------
+
+@dataclass
+class Load:
+    """8 writers' answered calls (session -> the worker's response ids) and their failures."""
+
+    url: str
+    prefix: str
+    answered: dict[str, set[str]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def calls(self) -> int:
+        with self.lock:
+            return sum(len(ids) for ids in self.answered.values())
+
+    def writer(self, worker: int) -> None:
+        import httpx
+
+        sessions = [f"{self.prefix}{worker}-{k}" for k in range(SESSIONS_PER_WRITER)]
+        with httpx.Client(base_url=self.url, timeout=60.0) as client:
+            n = 0
+            while not self.stop.is_set():  # bounded: the benchmark sets stop
+                sid = sessions[n % len(sessions)]
+                body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": f"{sid}#{n}"}]}
+                try:
+                    resp = client.post(f"/sessions/{quote(sid, safe='')}/v1/chat/completions", json=body)
+                    if resp.status_code == 200:
+                        with self.lock:
+                            self.answered.setdefault(sid, set()).add(str(resp.json()["id"]))
+                    else:
+                        with self.lock:
+                            self.failures.append(f"{sid}: {resp.status_code}")
+                except (httpx.HTTPError, ValueError, KeyError) as err:
+                    with self.lock:
+                        self.failures.append(f"{sid}: {err!r}")
+                n += 1
+                self.stop.wait(WRITER_PAUSE)
+
+    def wait_for(self, calls: int) -> None:
+        deadline = time.monotonic() + LOAD_BOUND
+        while self.calls < calls:  # bounded by the deadline
+            if time.monotonic() > deadline:
+                raise BenchError(f"the load stalled at {self.calls} answered calls")
+            time.sleep(0.05)
+
+
+def _in_file(path: Path, prefix: str) -> dict[str, set[str]]:
+    """The load's traces in the file: session -> the worker's response ids (the session id index's range)."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+    try:
+        rows = conn.execute(
+            "SELECT ts.session_id, json_extract(t.data, '$.raw_response.id') FROM trace_sessions AS ts "
+            "JOIN traces AS t ON t.trace_id = ts.trace_id WHERE ts.session_id >= ? AND ts.session_id < ?",
+            (prefix, prefix + "\U0010ffff")).fetchall()
+    finally:
+        conn.close()
+    found: dict[str, set[str]] = {}
+    for sid, response_id in rows:
+        found.setdefault(str(sid), set()).add(str(response_id))
+    return found
+
+
+def _settle(path: Path, prefix: str, expected: int) -> dict[str, set[str]]:
+    deadline = time.monotonic() + LOAD_BOUND
+    last, quiet_since = -1, time.monotonic()
+    while True:  # bounded by the deadline
+        found = _in_file(path, prefix)
+        count = sum(len(ids) for ids in found.values())
+        now = time.monotonic()
+        if count != last:
+            last, quiet_since = count, now
+        if count >= expected or now - quiet_since >= SETTLE_QUIET or now >= deadline:
+            return found
+        time.sleep(0.25)
+
+
+@dataclass
+class LoadedRun:
+    install: dict[str, Any]
+    answered: int
+    during: int
+    lost: int
+    failures: int
+    lock_errors: int
+
+
+def _loaded_run(copy: Path) -> LoadedRun:
+    from gatewayscope.sandbox.processes import start_rllm_gateway, start_stub_worker
+
+    with start_stub_worker() as worker, start_rllm_gateway(worker.url, store="sqlite", db_path=copy) as gateway:
+        load = Load(url=gateway.url, prefix=f"bench-install-{uuid.uuid4().hex[:8]}-")
+        threads = [threading.Thread(target=load.writer, args=(w,), name=f"bench-writer-{w}", daemon=True)
+                   for w in range(WRITERS)]
+        for thread in threads:
+            thread.start()
+        try:
+            load.wait_for(CALLS_BEFORE)
+            before = load.calls
+            result = run_child(MODULE, "install", str(copy), timeout=INSTALL_BOUND)
+            during = load.calls - before
+            load.wait_for(load.calls + CALLS_AFTER)
+        finally:
+            load.stop.set()
+            for thread in threads:
+                thread.join(timeout=70)
+        answered = {sid: set(ids) for sid, ids in load.answered.items()}
+        expected = sum(len(ids) for ids in answered.values())
+        found = _settle(copy, load.prefix, expected)
+        lost = sum(len(ids - found.get(sid, set())) for sid, ids in answered.items())
+        log = gateway.process.output()
+    return LoadedRun(install=result, answered=expected, during=during, lost=lost, failures=len(load.failures),
+                     lock_errors=log.count("database is locked") + log.count("Failed to persist trace"))
+
+
+@register(NAME)
+def guard_install_under_load(ctx: BenchContext) -> BenchResult:
+    sessions = ctx.scaled(10_000_000, 100_000, 2_000, least=1_000)
+    fixture: SlimStore = ensure_store(ctx.cache_dir, sessions, max(1, sessions // 100))
+    runs = ctx.runs_or(1, 2, 1)
+    idle: list[dict[str, Any]] = []
+    loaded: list[LoadedRun] = []
+    with tempfile.TemporaryDirectory(prefix="bench-install-", dir=ctx.cache_dir) as tmp:
+        for i in range(runs):  # each side on a fresh copy: an install on a guarded file changes nothing
+            copy = Path(tmp) / "store.db"
+            shutil.copyfile(fixture.path, copy)
+            if i % 2 == 0:
+                loaded.append(_loaded_run(copy))
+            idle_copy = Path(tmp) / "idle.db"
+            shutil.copyfile(fixture.path, idle_copy)
+            idle.append(run_child(MODULE, "install", str(idle_copy), timeout=INSTALL_BOUND))
+            idle_copy.unlink()
+            if i % 2 == 1:
+                loaded.append(_loaded_run(copy))
+            copy.unlink(missing_ok=True)
+    ours = median([run.install["seconds"] for run in loaded])
+    bare = median([run["seconds"] for run in idle])
+    lost = sum(run.lost for run in loaded)
+    lock_errors = sum(run.lock_errors for run in loaded)
+    failures = sum(run.failures for run in loaded)
+    return BenchResult(
+        name=NAME, row=ROW, ours_seconds=ours, baseline_seconds=bare,
+        peak_rss_bytes=max(int(run.install["rss"]) for run in loaded),
+        checks=[Check.ratio(ours / bare, RATIO_TARGET), Check("lost", float(lost), 0.0),
+                Check("lock errors", float(lock_errors + failures), 0.0)],
+        extras={"store": fixture.describe(),
+                "load": f"{WRITERS} writers through the real 0.1.0 gateway, "
+                        + ", ".join(f"{run.during} calls answered during install" for run in loaded),
+                "answered": f"{sum(run.answered for run in loaded):,} calls, {lost} traces lost, "
+                            f"{lock_errors} gateway lock errors, {failures} failed calls",
+                "runs": f"{runs} a side"},
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(sys.argv[1:]))
