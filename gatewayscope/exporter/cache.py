@@ -35,7 +35,7 @@ from gatewayscope.snapshot import TargetSnapshot
 
 if TYPE_CHECKING:
     from gatewayscope.sources.rllm_http import KnownTraces
-    from gatewayscope.sources.rllm_sqlite_delta import IncrementalStore
+    from gatewayscope.sources.rllm_sqlite_incremental import IncrementalStore
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class _DefaultReader:
     each rLLM gateway's candidate traces from one read to the next (orphans stay until deleted, and
     re-reading their traces at every read would cost the gateway the most of any part of a warm read).
 
-    A SQLite trace store is read by its :class:`~gatewayscope.sources.rllm_sqlite_delta.IncrementalStore`: only
+    A SQLite trace store is read by its :class:`~gatewayscope.sources.rllm_sqlite_incremental.IncrementalStore`: only
     the rows added since its last read, with a full read whenever it cannot be sure and at least every
     ``full_read_interval_seconds`` (docs/exporter.md, "What a scrape reads").
     """
@@ -109,7 +109,7 @@ class _DefaultReader:
         """A SQLite target's read, every failure described on the snapshot as :func:`read_target` does."""
         from gatewayscope.errors import GatewayscopeError
         from gatewayscope.scan import read_target
-        from gatewayscope.sources.rllm_sqlite_delta import IncrementalStore
+        from gatewayscope.sources.rllm_sqlite_incremental import IncrementalStore
 
         with self._lock:
             store = self._stores.get(target.name)
@@ -135,7 +135,7 @@ class _DefaultReader:
 
     def store_reads(self) -> dict[str, dict[str, dict[str, int]]]:
         """Per SQLite target read so far: its reads by mode and its full reads by reason (see
-        :meth:`~gatewayscope.sources.rllm_sqlite_delta.IncrementalStore.counts`)."""
+        :meth:`~gatewayscope.sources.rllm_sqlite_incremental.IncrementalStore.counts`)."""
         with self._lock:
             stores = dict(self._stores)
         return {name: store.counts() for name, store in stores.items()}

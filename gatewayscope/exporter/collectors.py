@@ -42,7 +42,7 @@ POSTURE_SETTINGS = ("drop_excess_requests", "enforce_auth_on_inference", "disabl
 #: the boot-memory models (gatewayscope.analysis.memory.MODELS) and the states of a target's runtime metrics
 BOOT_MEMORY_MODELS = ("measured", "band")
 RUNTIME_METRICS_STATUSES = ("trusted", "untrusted", "absent")
-#: how a SQLite trace store was read, and why a read was full (gatewayscope.sources.rllm_sqlite_delta's MODES
+#: how a SQLite trace store was read, and why a read was full (gatewayscope.sources.rllm_sqlite_incremental's MODES
 #: and FULL_REASONS, which tests/exporter checks these against: the sources load only when a target is read)
 STORE_READ_MODES = ("incremental", "full", "guarded")
 FULL_READ_REASONS = ("first", "interval", "file", "schema", "rows")

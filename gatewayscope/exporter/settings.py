@@ -40,7 +40,7 @@ DEFAULT_MIN_INTERVAL_SECONDS = 15.0
 DEFAULT_MAX_RECORD_SERIES = 50
 DEFAULT_SCRAPE_TIMEOUT_SECONDS = 10.0
 DEFAULT_SCRAPE_TIMEOUT_MARGIN_SECONDS = 0.5
-#: the longest a SQLite trace store goes without a full read (gatewayscope.sources.rllm_sqlite_delta)
+#: the longest a SQLite trace store goes without a full read (gatewayscope.sources.rllm_sqlite_incremental)
 DEFAULT_FULL_READ_INTERVAL_SECONDS = 600.0
 
 EXPORTER_KEYS = (

@@ -242,7 +242,7 @@ def _iter_by_session(conn: sqlite3.Connection, sql: str, session_ids: list[str],
             start = bisect.bisect_right(todo, last, start)
 
 
-def _iter_candidate_traces(conn: sqlite3.Connection, session_ids: list[str], *, seconds: float,
+def iter_candidate_traces(conn: sqlite3.Connection, session_ids: list[str], *, seconds: float,
                            busy_timeout: float, probe: WriterProbe | None = None,
                            watch: StatementWatch | None = None) -> Iterator[list[tuple[Any, ...]]]:
     """Rows of (session_id, trace_id, created_at, weight_version, prompt ids, prompt tokens, prompt chars,
@@ -293,7 +293,7 @@ def _iter_trace_rows(conn: sqlite3.Connection, key: str, keys: list[Any], *, sec
 
 
 def candidate_trace_row(raw: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A CANDIDATE_TRACES_SCHEMA row from one row of :func:`_iter_candidate_traces` (the token ids' count, else
+    """A CANDIDATE_TRACES_SCHEMA row from one row of :func:`iter_candidate_traces` (the token ids' count, else
     the recorded prompt count; a value of the wrong type, a time that is no number included, as None)."""
     sid, trace_id, created, weight_v, n_ids, n_prompt, chars, model, dispatched = raw
     prompt_tokens = n_ids if n_ids else n_prompt
@@ -430,7 +430,7 @@ def _read_trace_store_sqlite(path: str, wait: float, policy: Policy, *, now: flo
             pl.col("session_id").is_in(pl.Series(proof, dtype=pl.String).implode()))
         )["session_id"].to_list()
         trace_rows: list[tuple[Any, ...]] = []
-        for rows in _iter_candidate_traces(conn, candidates, seconds=STATEMENT_SECONDS, busy_timeout=wait,
+        for rows in iter_candidate_traces(conn, candidates, seconds=STATEMENT_SECONDS, busy_timeout=wait,
                                            probe=probe, watch=watch):
             trace_rows += map(candidate_trace_row, rows)
     return TraceStoreData(

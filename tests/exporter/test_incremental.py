@@ -28,9 +28,9 @@ from gatewayscope.exporter.settings import ExporterSettings
 from gatewayscope.guard import sqlite as guard_sqlite
 from gatewayscope.scan import read_target
 from gatewayscope.snapshot import TargetSnapshot, TraceStoreData
-from gatewayscope.sources import rllm_sqlite_delta as delta
+from gatewayscope.sources import rllm_sqlite_incremental as incremental
 from gatewayscope.sources.rllm_sqlite import read_trace_store_sqlite
-from gatewayscope.sources.rllm_sqlite_delta import IncrementalStore
+from gatewayscope.sources.rllm_sqlite_incremental import IncrementalStore
 from tests.e2e._store import _gateway_schema
 
 pytest.importorskip("rllm_model_gateway.store.sqlite_store")
@@ -324,9 +324,9 @@ def test_the_exporter_reads_a_guarded_store_as_the_scan_does(store: Path) -> Non
 
 
 def test_the_exporters_vocabularies_and_default_are_the_sources() -> None:
-    assert collectors.STORE_READ_MODES == delta.MODES
-    assert collectors.FULL_READ_REASONS == delta.FULL_REASONS
-    assert settings.DEFAULT_FULL_READ_INTERVAL_SECONDS == delta.DEFAULT_FULL_READ_INTERVAL_SECONDS
+    assert collectors.STORE_READ_MODES == incremental.MODES
+    assert collectors.FULL_READ_REASONS == incremental.FULL_REASONS
+    assert settings.DEFAULT_FULL_READ_INTERVAL_SECONDS == incremental.DEFAULT_FULL_READ_INTERVAL_SECONDS
 
 
 # -- rows no gateway writes: the scan and the exporter read them the same way (issue 23) ----------------------

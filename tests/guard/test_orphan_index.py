@@ -370,7 +370,7 @@ def test_an_empty_session_id_is_a_session_to_every_read(gw: Gateway, db: Path) -
     """The full read, the candidates read, the exporter's incremental read and the index fill page by key from the
     smallest one:
     a session whose id is the empty string is read by each (it sorts before every other id)."""
-    from gatewayscope.sources.rllm_sqlite_delta import IncrementalStore
+    from gatewayscope.sources.rllm_sqlite_incremental import IncrementalStore
 
     gw.write("empty-0", "")
     gw.write("other-0", "a:0")

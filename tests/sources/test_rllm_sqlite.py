@@ -246,7 +246,7 @@ def test_time_cut_candidate_reads_match_one_full_read(tmp_path: Path) -> None:
     conn = sqlite3.connect(db)
     wanted = sorted(f"c{i:03d}:0" for i in range(0, 120, 2))
     def read(seconds: float) -> list[tuple]:
-        pages = rllm_sqlite._iter_candidate_traces(conn, wanted, seconds=seconds, busy_timeout=5.0)
+        pages = rllm_sqlite.iter_candidate_traces(conn, wanted, seconds=seconds, busy_timeout=5.0)
         return sorted(row for page in pages for row in page)
 
     cut, whole = read(0.0), read(60.0)
@@ -518,7 +518,7 @@ def test_a_trace_whose_rowid_was_reused_between_the_two_steps_is_not_taken_for_t
 
     monkeypatch.setattr(source, "fetch_for", between_the_steps)
     conn = read_only(db)
-    rows = [row for page in source._iter_candidate_traces(conn, ["a:0", "b:0"], seconds=60.0, busy_timeout=5.0)
+    rows = [row for page in source.iter_candidate_traces(conn, ["a:0", "b:0"], seconds=60.0, busy_timeout=5.0)
             for row in page]
     conn.close()
     assert mutated
@@ -543,7 +543,7 @@ def test_a_trace_renumbered_between_the_two_steps_is_found_by_its_id(tmp_path: P
 
     monkeypatch.setattr(source, "fetch_for", between_the_steps)
     conn = read_only(db)
-    rows = sorted(row[:2] for page in source._iter_candidate_traces(conn, ["a:0", "b:0", "c:0"], seconds=60.0,
+    rows = sorted(row[:2] for page in source.iter_candidate_traces(conn, ["a:0", "b:0", "c:0"], seconds=60.0,
                                                                     busy_timeout=5.0) for row in page)
     conn.close()
     assert moved

@@ -56,9 +56,9 @@ from gatewayscope.snapshot import (
 from gatewayscope.sources.rllm_sqlite import (
     SESSION_PAGE,
     TRACE_BATCH,
-    _iter_candidate_traces,
     candidate_trace_row,
     current_weight_version,
+    iter_candidate_traces,
     sessions_frame,
 )
 
@@ -402,7 +402,7 @@ def _candidate_ids(sessions: pl.DataFrame, policy: Policy, *, now: float) -> lis
 def _read_candidates(run: _Read, session_ids: list[str]) -> dict[str, list[tuple[Any, ...]]]:
     """Session id -> its trace rows (CANDIDATE_TRACES_SCHEMA tuples), as the scan's read makes them."""
     out: dict[str, list[tuple[Any, ...]]] = {sid: [] for sid in session_ids}
-    for rows in _iter_candidate_traces(run.conn, session_ids, seconds=STATEMENT_SECONDS, busy_timeout=run.wait,
+    for rows in iter_candidate_traces(run.conn, session_ids, seconds=STATEMENT_SECONDS, busy_timeout=run.wait,
                                        probe=run.probe, watch=run.watch):
         for raw in rows:
             out[raw[0]].append(candidate_trace_row(raw))
