@@ -104,7 +104,7 @@ def test_demo_once_prints_everything_and_stops_cleanly(gateway_flavor: Any, tmp_
     # none behind the guarded gateway; the guards' figures (6 deletes and 2 dropped late writes behind each)
     assert out.count("Orphan sessions: 0 confirmed, 2 suspected") == 2
     assert "Orphan sessions: 2 confirmed, 0 suspected" in out
-    assert out.count("Guard: 6 tombstones of 1,000,000, 2 dropped writes.") == 2
+    assert out.count("Guard: 6 tombstones of 1,000,000, 2 dropped writes (stragglers).") == 2
     assert "The guards dropped the late writes of 4 more (rllm-memory-guarded: 2, rllm-sqlite-guarded: 2)." in out
     journal = workdir / "cleanup-before-guard.journal.jsonl"
     assert f"--deleted-from {journal}" in out

@@ -283,7 +283,9 @@ def test_remediate_dry_run_then_apply_with_the_confirmation_parameter(sandbox: A
 
     # the files went to the default run directory, ./gatewayscope-runs/<UTC time>/ under the notebook's folder:
     # nothing new next to the notebooks, nothing new for git
-    written = {p.name for p in remediated.journal.parent.iterdir()} - {"remediate.journal.jsonl.lock"}
+    # the journal's lock, and the per-plan apply lock beside the plan file (every apply of it finds it there)
+    locks = {"remediate.journal.jsonl.lock", f".gatewayscope-apply-{plan.id}.lock"}
+    written = {p.name for p in remediated.journal.parent.iterdir()} - locks
     assert written == {f"plan-{plan.id}.json", "remediate.journal.jsonl"}
     assert remediated.run_dir.name.endswith("Z") and remediated.run_dir.parent == NOTEBOOKS / RUNS
     assert remediated.git_status[1] == remediated.git_status[0]
