@@ -420,9 +420,40 @@ def alert_groups(config: MixinConfig) -> list[dict[str, Any]]:
                from gatewayscope, or a provider_status of error. They still park their workers at every boot;
                delete them (a provision still in use sets its record up again).""", REMEDIATE),
     ]
+    heal_by = ", ".join(label for label in s.by().split(", ") if label != "target")
+    not_health = 'reason!="gateway-health"'
+    heal = [
+        _alert(config, "GatewayscopeHealBreakerOpen", f"gatewayscope_heal_breaker_open{s.rule()} == 1", "0m",
+               "warning",
+               "gatewayscope heal at {{ $labels.instance }} stopped writing: its breaker is open.",
+               """Heal's error budget ran out: {{ with printf `gatewayscope_heal_errors_in_window{job=%q,
+               instance=%q}` $labels.job $labels.instance | query }}{{ . | first | value | humanize }}{{ end }}
+               refused, unconfirmed or stale outcomes in its window. Its breaker holds every write until
+               an operator resets it; the passes go on and record what they would do. Find the cause in its
+               journal ('gatewayscope heal status'), fix it, then 'gatewayscope heal reset'.""", REMEDIATE),
+        _alert(config, "GatewayscopeHealStuck",
+               f"time() - gatewayscope_heal_last_pass_timestamp_seconds{s.rule()}\n"
+               f"  > 3 * gatewayscope_heal_interval_seconds{s.rule()}\n"
+               f"or\n(\n  gatewayscope_heal_interval_seconds{s.rule()}\n"
+               f"  unless on ({heal_by})\n  gatewayscope_heal_last_pass_timestamp_seconds{s.rule()}\n)",
+               "15m", "warning",
+               "gatewayscope heal at {{ $labels.instance }} has not finished a pass for three intervals.",
+               """No heal pass has ended at {{ $labels.instance }} for more than three of its intervals (or none
+               has ended since it started): a pass hangs on a gateway, or the heal thread died. The targets are not
+               being repaired meanwhile. Check its log and 'gatewayscope heal status'.""", TRIAGE),
+        _alert(config, "GatewayscopeHealBlocked",
+               f"max by ({heal_by}, reason) (\n  gatewayscope_heal_blocked{s.rule(not_health)}\n)\n== 1", "6h",
+               "info",
+               "gatewayscope heal at {{ $labels.instance }} has written nothing for 6 hours: {{ $labels.reason }}.",
+               """Every heal pass of the last 6 hours was held by {{ $labels.reason }} (paused: its pause file
+               exists; breaker: its error budget ran out; window: outside every allowed window; alert: a blocker
+               alert fires, or Prometheus cannot say). The passes record what they would do; nothing is
+               repaired meanwhile.""", TRIAGE),
+    ]
     return [{"name": "gatewayscope-exporter", "rules": exporter},
             {"name": "gatewayscope-trace-store", "rules": trace_store},
-            {"name": "gatewayscope-bifrost", "rules": bifrost}]
+            {"name": "gatewayscope-bifrost", "rules": bifrost},
+            {"name": "gatewayscope-heal", "rules": heal}]
 
 
 class Expr(str):

@@ -90,6 +90,9 @@ class ApplyOptions:
     pool_write_timeout: float = POOL_WRITE_TIMEOUT
     retry_schedule: Sequence[float] = RETRY_SCHEDULE
     sleep: Callable[[float], None] = time.sleep
+    #: asked before each action (and each SQLite transaction) starts: a sentence stops every action not yet
+    #: started (skipped, open in the journal), None lets it run. Heal's kill switch, windows and blockers
+    stop: Callable[[], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -1001,14 +1004,17 @@ class _Gate:
                           if r.kind == "tombstone_backfill" and r.outcome not in SUCCESS_OUTCOMES}
 
     def stop_reason(self) -> str | None:
-        return self.budget.stopped
+        if self.budget.stopped:
+            return self.budget.stopped
+        return self.options.stop() if self.options.stop is not None else None
 
     def blocked(self, action: Action) -> ActionResult | None:
         def skipped(reason: str) -> ActionResult:
             return ActionResult(action.id, action.kind, action.target, action.subject, "skipped", reason)
 
-        if self.budget.stopped:
-            return skipped(self.budget.stopped)
+        reason = self.stop_reason()
+        if reason:
+            return skipped(reason)
         if action.kind == "session_delete" and action.target in self.unguarded:
             return skipped("its target's tombstones were not recorded first; not deleted")
         if action.destructive and self.options.write and not self.options.allow_delete:
