@@ -892,6 +892,41 @@ def overview(config: MixinConfig) -> str:
                     "running, the cached last read, or none in time (deadline); "
                     f"{config.recording_rate_window} rate.", "reqps",
                     [(f"{names['scrapes']}{sel}", "{{target}} {{source}}")], width=8)
+
+    # heal's series describe the heal process (an exporter run with --heal); only its per-action ones name a target
+    heal = page.sel(target=False)
+    page.row("Heal")
+    page.stat("Heal breaker and kill switch", "1 while heal's breaker is open (its error budget ran out; "
+              "'gatewayscope heal reset' closes it) or its pause file exists (the kill switch): no write starts.",
+              "none", [(f"gatewayscope_heal_breaker_open{heal}", "{{instance}} breaker open"),
+                       (f"gatewayscope_heal_paused{heal}", "{{instance}} paused")],
+              thresholds=[(None, "green"), (1, "red")], width=6)
+    page.stat("Since the last heal pass", "Seconds since the last heal pass ended, against its interval "
+              "(GatewayscopeHealStuck fires past three intervals).", "s",
+              [(f"time() - gatewayscope_heal_last_pass_timestamp_seconds{heal}", "{{instance}} since the last"),
+               (f"gatewayscope_heal_interval_seconds{heal}", "{{instance}} interval"),
+               (f"gatewayscope_heal_last_pass_duration_seconds{heal}", "{{instance}} last pass took")], width=6)
+    page.stat("Heal error budget", "Refused, unconfirmed and stale outcomes in the breaker's window, against the "
+              "errors it allows before it opens.", "short",
+              [(f"gatewayscope_heal_errors_in_window{heal}", "{{instance}} errors"),
+               (f"gatewayscope_heal_error_budget{heal}", "{{instance}} budget")], width=6)
+    page.stat("Heal blocked", "The reasons that held writes in the last pass (paused, breaker, window, alert; "
+              "gateway-health holds only the target whose health check failed), and the kinds heal enforces.",
+              "none", [(f"gatewayscope_heal_blocked{heal}", "{{instance}} {{reason}}"),
+                       (f"gatewayscope_heal_enforced{heal}", "{{instance}} enforces {{kind}}")], width=6)
+    # counts since the heal process started (a fleet-wide overview reads no raw rate; a restart starts over)
+    page.timeseries("Heal passes", "Heal passes since the process started, by result (ok; blocked: nothing was "
+                    "written; error: the pass could not run).", "short",
+                    [(f"sum by (instance, result) (gatewayscope_heal_passes_total{heal})", "{{instance}} {{result}}")],
+                    width=8)
+    page.timeseries("Heal actions by outcome", "Actions heal wrote since the process started, by target, kind "
+                    "and outcome.", "short",
+                    [(f"sum by (target, kind, outcome) (gatewayscope_heal_actions_total{sel})",
+                      "{{target}} {{kind}} {{outcome}}")], width=8)
+    page.timeseries("Heal would do and deferred", "What the last pass would have written but did not (dry-run, "
+                    "or held by a block), and what the caps left for a later pass, by target and kind.", "short",
+                    [(f"gatewayscope_heal_dry_run_actions{sel}", "{{target}} {{kind}} would do"),
+                     (f"gatewayscope_heal_deferred_actions{sel}", "{{target}} {{kind}} deferred")], width=8)
     return page.render()
 
 
