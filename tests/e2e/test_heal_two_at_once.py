@@ -109,3 +109,39 @@ def test_two_heals_on_two_journals_delete_each_session_once(guarded_gateway: Any
     checked = httpx.post(f"{gateway.url}/guard/tombstones/check", json={"session_ids": ORPHANS}, timeout=10).json()
     assert sorted(checked["tombstoned"]) == sorted(ORPHANS)
     assert os.path.exists(loops[0].settings.journal) and os.path.exists(loops[1].settings.journal)
+
+
+def test_a_heal_killed_mid_write_resumes_without_writing_a_record_twice(tmp_path: Path) -> None:
+    """``kill -9`` of a ``gatewayscope heal`` process while a pool write it sent is still unanswered (the write
+    has landed); a restarted heal resumes the pass from the journal: that record reads back as already done and
+    no record is ever written twice."""
+    from gatewayscope.sandbox.bifrost_emulator import ANY
+
+    with BifrostEmulator() as emu:
+        seed_small(emu)
+        emu.inject_slow("PUT", ANY, delay=30.0, apply_write=True, times=None)  # each write lands, its answer waits
+        state = tmp_path / "state"
+        config = tmp_path / "g.toml"
+        config.write_text(f'[[targets]]\nname = "bifrost"\nkind = "bifrost"\nurl = "{emu.url}"\n'
+                          f'[heal]\nmode = "enforce"\nstate_dir = "{state}"\nfirst_pass_max_delay_seconds = 0\n'
+                          '[heal.actions]\npool_shrink = "enforce"\n[heal.limits]\nconcurrency = 1\n')
+        argv = [sys.executable, "-c", "from gatewayscope.cli import run; run()", "heal", "--config", str(config)]
+        first = subprocess.Popen([*argv, "--once"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+        try:
+            wait_for("the first write to land", lambda: len(emu.requests("PUT")), lambda n: n >= 1, timeout=60)
+        finally:
+            first.kill()  # SIGKILL: no handler runs, no outcome is journaled
+            first.wait(timeout=30)
+        events = Journal(state / "heal.journal.jsonl").read()
+        assert [e["event"] for e in events].count("attempt") == 1 and not [e for e in events if e["event"] == "outcome"]
+        emu.state.faults.clear()
+        again = subprocess.run([*argv, "--once", "--format", "json"], capture_output=True, text=True, timeout=120,
+                               cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        puts = Counter(r.path for r in emu.requests("PUT"))
+        assert puts and set(puts.values()) == {1}, puts  # the landed write was read back, never sent again
+        import json
+
+        report = json.loads(again.stdout)
+        killed = [r for r in report["resumed"] if r["outcome"] == "already-done"]
+        assert len(killed) == 1 and all(r["outcome"] in ("done", "already-done") for r in report["resumed"])
