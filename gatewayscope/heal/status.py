@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gatewayscope.config import Config
 from gatewayscope.heal.safeguards import (
     HOUR_SECONDS,
     breaker_state,
@@ -16,7 +17,7 @@ from gatewayscope.heal.safeguards import (
     running_heal,
     writes_in_last_hour,
 )
-from gatewayscope.heal.settings import HealSettings
+from gatewayscope.heal.settings import HealSettings, parse_heal_settings
 from gatewayscope.remediate.journal import FINAL_OUTCOMES, Journal
 
 
@@ -92,3 +93,13 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     if status["would_last_pass"]:
         lines.append("dry-run would do: " + ", ".join(f"{n} {k}" for k, n in sorted(status["would_last_pass"].items())))
     return lines
+
+
+def config_status_lines(config: Config) -> list[str]:
+    """``heal status`` of the heal that ``config``'s ``[heal]`` table describes, as its lines (the triage notebook
+    shows these); one line saying so when the config has no ``[heal]`` table."""
+    if not config.heal:
+        return ["No [heal] table in this config: heal is not set up for these targets (see docs/heal.md)."]
+    settings = parse_heal_settings(config.heal, config.source or "<config>",
+                                   policy_idle_seconds=config.policy.orphan_idle_seconds)
+    return status_lines(heal_status(settings))

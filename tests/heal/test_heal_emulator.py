@@ -261,3 +261,17 @@ def test_two_heals_on_two_journals_leave_each_record_as_one_would(emu: BifrostEm
     # the re-read right before each write makes the second heal's action a no-op once the first has written;
     # two heals that re-read at the same instant can both send the same pool (harmless: the same value)
     assert all(n <= 2 for n in puts.values()) and sum(done.values()) == sum(puts.values())
+
+
+def test_a_target_that_answers_garbage_is_skipped_never_guessed_at(emu: BifrostEmulator, tmp_path: Path) -> None:
+    from gatewayscope.sandbox.bifrost_emulator import LIST
+
+    counting = Counting()
+    loop, _ = setup(emu, tmp_path, ENFORCE, transport=counting)
+    start = over_pool(emu)
+    emu.inject_garbage("GET", LIST, times=None)
+    report = loop.run_pass()
+    assert report.result == "ok" and report.enforced == [] and report.would == []
+    assert "bifrost" in report.skipped_targets and counting.writes() == []
+    emu.state.faults.clear()
+    assert loop.run_pass().enforced and over_pool(emu) == [] and len(start) > 0
