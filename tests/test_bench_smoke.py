@@ -40,6 +40,8 @@ EXTRAS = {
                      r"bare listing alone \d+ ms \(ours [\d.]+x\); the metrics answer [1-9][\d,]* bytes"],
     "exporter-metrics-warm": [r"targets 4 \(2 Bifrost x 100 records, 2 rLLM x 100 sessions\)", r"series \d+ \("],
     "apply-pool-shrinks": [r"ideal 40 actions x 2 calls x 50 ms / 16", r"tally 40 done"],
+    "heal-gateway-share": [r"store 300 sessions \(30 one-trace orphans\)", r"heal [1-9]\d* passes, \d+ orphans deleted",
+                           r"agent chat p95 idle [\d.]+ ms"],
     "heal-pass": [r"store 100 records in the emulator", r"pass [1-9]\d* actions re-read \(would write\), \d+ deferred"],
     "orphan-session-delete": [r"agent chat \(50 ms generation\) p95 idle [\d.]+ ms, during ours [\d.]+ ms",
                               r"bare DELETE median [\d.]+ ms", r"40 deleted"],

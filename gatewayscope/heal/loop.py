@@ -343,7 +343,8 @@ class HealLoop:
     def _options(self, *, write: bool, max_errors: int | None = None) -> ApplyOptions:
         limits = self.settings.limits
         return ApplyOptions(write=write, allow_delete=write, concurrency=limits.concurrency, rate=limits.rate,
-                            max_errors=max_errors, stop=self._stop_check if write else None, sleep=self.sleep)
+                            delete_duty=limits.delete_share, max_errors=max_errors,
+                            stop=self._stop_check if write else None, sleep=self.sleep)
 
     def _enforce(self, plan: Plan, breaker: BreakerState, deleted: Mapping[str, Any], report: PassReport) -> None:
         self.plans_dir.mkdir(parents=True, exist_ok=True)

@@ -162,3 +162,15 @@ def test_the_pause_file_is_the_kill_switch(tmp_path: Path) -> None:
     assert pause_reason(pause) is None
     pause.write_text("")
     assert pause_reason(pause) is not None and str(pause) in str(pause_reason(pause))
+
+
+def test_deletes_keep_to_a_small_share_of_the_gateways_time() -> None:
+    from gatewayscope.config import Config, Policy
+    from gatewayscope.heal.loop import HealLoop
+
+    assert parse_heal_settings({}).limits.delete_share == 0.05
+    assert problems({"limits": {"delete_share": 0.9}}) == [
+        "g.toml: heal.limits.delete_share: expected a share of the gateway's time above 0 and at most 0.75, got 0.9"]
+    settings = parse_heal_settings({"limits": {"delete_share": 0.2}, "state_dir": "/nonexistent/heal"})
+    options = HealLoop(Config(targets=[], policy=Policy()), settings)._options(write=True)
+    assert options.delete_duty == 0.2 and options.allow_delete and options.stop is not None
