@@ -150,8 +150,8 @@ TABLE_ORDER = ("sqlite-cli-scan", "sqlite-cli-scan-guarded", "exporter-guarded-1
                "memory-store-scan", "exporter-unguarded-1m", "guard-chat-memory-0.1.0", "guard-chat-sqlite-0.1.0",
                "guard-chat-memory-upstream", "guard-chat-sqlite-upstream", "dispatch-estimate-0.1.0",
                "dispatch-estimate-upstream", "guard-run-startup", "cli-startup", "bifrost-scan",
-               "exporter-metrics-warm", "apply-pool-shrinks", "orphan-session-delete", "exporter-fleet-100",
-               "guard-install-under-load", "sqlite-scan")
+               "exporter-metrics-warm", "apply-pool-shrinks", "heal-pass", "heal-gateway-share",
+               "orphan-session-delete", "exporter-fleet-100", "guard-install-under-load", "sqlite-scan")
 
 
 def in_table_order(names: Sequence[str]) -> list[str]:

@@ -420,9 +420,40 @@ def alert_groups(config: MixinConfig) -> list[dict[str, Any]]:
                from gatewayscope, or a provider_status of error. They still park their workers at every boot;
                delete them (a provision still in use sets its record up again).""", REMEDIATE),
     ]
+    heal_by = ", ".join(label for label in s.by().split(", ") if label != "target")
+    not_health = 'reason!="gateway-health"'
+    heal = [
+        _alert(config, "GatewayscopeHealBreakerOpen", f"gatewayscope_heal_breaker_open{s.rule()} == 1", "0m",
+               "warning",
+               "gatewayscope heal at {{ $labels.instance }} stopped writing: its breaker is open.",
+               """Heal's error budget ran out: {{ with printf `gatewayscope_heal_errors_in_window{job=%q,
+               instance=%q}` $labels.job $labels.instance | query }}{{ . | first | value | humanize }}{{ end }}
+               refused, unconfirmed or stale outcomes in its window. Its breaker holds every write until
+               an operator resets it; the passes go on and record what they would do. Find the cause in its
+               journal ('gatewayscope heal status'), fix it, then 'gatewayscope heal reset'.""", REMEDIATE),
+        _alert(config, "GatewayscopeHealStuck",
+               f"time() - gatewayscope_heal_last_pass_timestamp_seconds{s.rule()}\n"
+               f"  > 3 * gatewayscope_heal_interval_seconds{s.rule()}\n"
+               f"or\n(\n  gatewayscope_heal_interval_seconds{s.rule()}\n"
+               f"  unless on ({heal_by})\n  gatewayscope_heal_last_pass_timestamp_seconds{s.rule()}\n)",
+               "15m", "warning",
+               "gatewayscope heal at {{ $labels.instance }} has not finished a pass for three intervals.",
+               """No heal pass has ended at {{ $labels.instance }} for more than three of its intervals (or none
+               has ended since it started): a pass hangs on a gateway, or the heal thread died. The targets are not
+               being repaired meanwhile. Check its log and 'gatewayscope heal status'.""", TRIAGE),
+        _alert(config, "GatewayscopeHealBlocked",
+               f"max by ({heal_by}, reason) (\n  gatewayscope_heal_blocked{s.rule(not_health)}\n)\n== 1", "6h",
+               "info",
+               "gatewayscope heal at {{ $labels.instance }} has written nothing for 6 hours: {{ $labels.reason }}.",
+               """Every heal pass of the last 6 hours was held by {{ $labels.reason }} (paused: its pause file
+               exists; breaker: its error budget ran out; window: outside every allowed window; alert: a blocker
+               alert fires, or Prometheus cannot say). The passes record what they would do; nothing is
+               repaired meanwhile.""", TRIAGE),
+    ]
     return [{"name": "gatewayscope-exporter", "rules": exporter},
             {"name": "gatewayscope-trace-store", "rules": trace_store},
-            {"name": "gatewayscope-bifrost", "rules": bifrost}]
+            {"name": "gatewayscope-bifrost", "rules": bifrost},
+            {"name": "gatewayscope-heal", "rules": heal}]
 
 
 class Expr(str):
@@ -861,6 +892,41 @@ def overview(config: MixinConfig) -> str:
                     "running, the cached last read, or none in time (deadline); "
                     f"{config.recording_rate_window} rate.", "reqps",
                     [(f"{names['scrapes']}{sel}", "{{target}} {{source}}")], width=8)
+
+    # heal's series describe the heal process (an exporter run with --heal); only its per-action ones name a target
+    heal = page.sel(target=False)
+    page.row("Heal")
+    page.stat("Heal breaker and kill switch", "1 while heal's breaker is open (its error budget ran out; "
+              "'gatewayscope heal reset' closes it) or its pause file exists (the kill switch): no write starts.",
+              "none", [(f"gatewayscope_heal_breaker_open{heal}", "{{instance}} breaker open"),
+                       (f"gatewayscope_heal_paused{heal}", "{{instance}} paused")],
+              thresholds=[(None, "green"), (1, "red")], width=6)
+    page.stat("Since the last heal pass", "Seconds since the last heal pass ended, against its interval "
+              "(GatewayscopeHealStuck fires past three intervals).", "s",
+              [(f"time() - gatewayscope_heal_last_pass_timestamp_seconds{heal}", "{{instance}} since the last"),
+               (f"gatewayscope_heal_interval_seconds{heal}", "{{instance}} interval"),
+               (f"gatewayscope_heal_last_pass_duration_seconds{heal}", "{{instance}} last pass took")], width=6)
+    page.stat("Heal error budget", "Refused, unconfirmed and stale outcomes in the breaker's window, against the "
+              "errors it allows before it opens.", "short",
+              [(f"gatewayscope_heal_errors_in_window{heal}", "{{instance}} errors"),
+               (f"gatewayscope_heal_error_budget{heal}", "{{instance}} budget")], width=6)
+    page.stat("Heal blocked", "The reasons that held writes in the last pass (paused, breaker, window, alert; "
+              "gateway-health holds only the target whose health check failed), and the kinds heal enforces.",
+              "none", [(f"gatewayscope_heal_blocked{heal}", "{{instance}} {{reason}}"),
+                       (f"gatewayscope_heal_enforced{heal}", "{{instance}} enforces {{kind}}")], width=6)
+    # counts since the heal process started (a fleet-wide overview reads no raw rate; a restart starts over)
+    page.timeseries("Heal passes", "Heal passes since the process started, by result (ok; blocked: nothing was "
+                    "written; error: the pass could not run).", "short",
+                    [(f"sum by (instance, result) (gatewayscope_heal_passes_total{heal})", "{{instance}} {{result}}")],
+                    width=8)
+    page.timeseries("Heal actions by outcome", "Actions heal wrote since the process started, by target, kind "
+                    "and outcome.", "short",
+                    [(f"sum by (target, kind, outcome) (gatewayscope_heal_actions_total{sel})",
+                      "{{target}} {{kind}} {{outcome}}")], width=8)
+    page.timeseries("Heal would do and deferred", "What the last pass would have written but did not (dry-run, "
+                    "or held by a block), and what the caps left for a later pass, by target and kind.", "short",
+                    [(f"gatewayscope_heal_dry_run_actions{sel}", "{{target}} {{kind}} would do"),
+                     (f"gatewayscope_heal_deferred_actions{sel}", "{{target}} {{kind}} deferred")], width=8)
     return page.render()
 
 

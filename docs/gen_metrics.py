@@ -63,6 +63,7 @@ def render() -> str:
     from gatewayscope.exporter.collectors import (
         BOUNDS,
         CONFIDENCES,
+        HEAL_METRICS,
         METRICS,
         OTHER_RECORDS,
         POSTURE_SETTINGS,
@@ -70,12 +71,16 @@ def render() -> str:
         age_note,
     )
     from gatewayscope.exporter.settings import DEFAULT_MIN_INTERVAL_SECONDS
+    from gatewayscope.heal.loop import BLOCK_REASONS, PASS_RESULTS
+    from gatewayscope.remediate.apply import OUTCOMES
+    from gatewayscope.remediate.kinds import ACTION_KINDS
 
     own = exporter_own_metrics()
     unknown = [name for name in own if name not in METRICS]
     if unknown:
         raise SystemExit(f"ExporterCollector serves metrics that METRICS does not define: {', '.join(unknown)}")
-    target_specs = [spec for spec in METRICS.values() if spec.name not in own]
+    target_specs = [spec for spec in METRICS.values() if spec.name not in own and spec.name not in HEAL_METRICS]
+    heal_specs = [METRICS[name] for name in HEAL_METRICS]
     own_specs = [METRICS[name] for name in own]
 
     def table(specs: list[Any]) -> list[str]:
@@ -137,6 +142,21 @@ def render() -> str:
         f"| `result` | {vocabulary(RESULTS)} |",
         f"| `source` | {vocabulary(SOURCES)} |",
         "| `version` | the gatewayscope version of the exporter |",
+        "",
+        "## Heal",
+        "",
+        "Served on `/metrics` and `/exporter-metrics` by an exporter that runs heal (`gatewayscope export --heal`,",
+        "see [heal.md](heal.md#metrics)). Counters count from the start of the process; the gauges describe the",
+        "last pass.",
+        "",
+        *table(heal_specs),
+        "",
+        "| label | values |",
+        "|---|---|",
+        f"| `kind` | {vocabulary(ACTION_KINDS)} |",
+        f"| `outcome` | {vocabulary([*OUTCOMES, 'skipped'])} |",
+        f"| `result` | {vocabulary(PASS_RESULTS)} |",
+        f"| `reason` | {vocabulary(BLOCK_REASONS)} |",
         "",
         "## The guarded gateway",
         "",

@@ -253,6 +253,8 @@ class Config:
     source: str | None = None  # the file it came from, if any
     #: raw ``[exporter]`` table, validated by the exporter itself
     exporter: dict[str, Any] = field(default_factory=dict)
+    #: raw ``[heal]`` table, validated by heal itself (:func:`gatewayscope.heal.settings.parse_heal_settings`)
+    heal: dict[str, Any] = field(default_factory=dict)
 
     def target(self, name: str) -> Target:
         for target in self.targets:
@@ -274,7 +276,7 @@ _AUTH_KEYS = {"username", "username_env", "username_file", "password_env", "pass
 _AUTH_FILE_KEYS = {"username_file", "password_file"}
 _POLICY_KEYS = {"orphan_idle_seconds", "max_weight_lag", "standard_pool", "custom_pool", "queue_per_worker",
                 "env_file"}
-_TOP_KEYS = {"targets", "policy", "exporter"}
+_TOP_KEYS = {"targets", "policy", "exporter", "heal"}
 
 
 class _Problems:
@@ -460,7 +462,7 @@ def parse_config(data: dict[str, Any], origin: str = "<config>") -> Config:
     """Validate a parsed TOML document. Raises ConfigError with every problem found."""
     problems = _Problems(origin)
     for extra in sorted(set(data) - _TOP_KEYS):
-        problems.add(extra, "unknown section; expected [[targets]], [policy] or [exporter]")
+        problems.add(extra, "unknown section; expected [[targets]], [policy], [exporter] or [heal]")
     raw_targets = data.get("targets", [])
     targets: list[Target] = []
     if not isinstance(raw_targets, list):
@@ -480,9 +482,13 @@ def parse_config(data: dict[str, Any], origin: str = "<config>") -> Config:
     if not isinstance(exporter, dict):
         problems.add("exporter", "expected a table ([exporter])")
         exporter = {}
+    heal = data.get("heal", {})
+    if not isinstance(heal, dict):
+        problems.add("heal", "expected a table ([heal])")
+        heal = {}
     if problems.lines:
         raise ConfigError(problems.lines)
-    config = Config(targets=targets, policy=policy, source=origin, exporter=exporter)
+    config = Config(targets=targets, policy=policy, source=origin, exporter=exporter, heal=heal)
     if policy.env_file:
         apply_env_file(policy, policy.env_file)
     return config

@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "gatewayscope.cli.export",
     "gatewayscope.cli.demo",
     "gatewayscope.cli.remediate",
+    "gatewayscope.cli.heal",
     "gatewayscope.cli.gateway",
     "gatewayscope.cli.guard",
     "gatewayscope.cli.emulate",

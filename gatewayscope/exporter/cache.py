@@ -87,8 +87,13 @@ class _DefaultReader:
     ``full_read_interval_seconds`` (docs/exporter.md, "What a scrape reads").
     """
 
-    def __init__(self, *, full_read_interval_seconds: float = DEFAULT_FULL_READ_INTERVAL_SECONDS) -> None:
+    def __init__(self, *, full_read_interval_seconds: float = DEFAULT_FULL_READ_INTERVAL_SECONDS,
+                 fingerprints: bool = False, also: Callable[[str], Sequence[str]] | None = None) -> None:
         self.full_read_interval_seconds = full_read_interval_seconds
+        #: True when a plan is made from these reads (``export --heal``): Bifrost records keep their fingerprints
+        self.fingerprints = fingerprints
+        #: per target name, the session ids a read must include (ids a heal knows were deleted before)
+        self.also = also
         self._known: dict[str, KnownTraces] = {}
         self._stores: dict[str, IncrementalStore] = {}
         self._lock = threading.Lock()
@@ -97,13 +102,17 @@ class _DefaultReader:
         from gatewayscope.scan import read_target
         from gatewayscope.sources.rllm_http import KnownTraces
 
+        also = list(self.also(target.name)) if self.also is not None and target.kind == "rllm" else []
         if target.kind == "rllm" and not target.is_remote:
+            if also:  # the incremental read names no extra sessions: the scan's read does
+                return read_target(target, policy, now=now, fingerprints=False, also_sessions=also)
             return self._read_store(target, policy, now=now)
         known = None
         if target.kind == "rllm" and target.is_remote:
             with self._lock:
                 known = self._known.setdefault(target.name, KnownTraces())
-        return read_target(target, policy, now=now, transport=transport, fingerprints=False, known_traces=known)
+        return read_target(target, policy, now=now, transport=transport, fingerprints=self.fingerprints,
+                           known_traces=known, also_sessions=also)
 
     def _read_store(self, target: Target, policy: Policy, *, now: float) -> TargetSnapshot:
         """A SQLite target's read, every failure described on the snapshot as :func:`read_target` does."""
@@ -170,11 +179,14 @@ class TargetCache:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         full_read_interval_seconds: float = DEFAULT_FULL_READ_INTERVAL_SECONDS,
+        plan_reads: bool = False,
+        also: Callable[[str], Sequence[str]] | None = None,
     ) -> None:
         self.targets = list(targets)
         self.policy = policy
         self.min_interval_seconds = float(min_interval_seconds)
-        self.reader: Reader = reader or _DefaultReader(full_read_interval_seconds=full_read_interval_seconds)
+        self.reader: Reader = reader or _DefaultReader(full_read_interval_seconds=full_read_interval_seconds,
+                                                       fingerprints=plan_reads, also=also)
         self.transports = dict(transports or {})
         self.clock = clock
         self.wall_clock = wall_clock

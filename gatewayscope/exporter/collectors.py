@@ -170,9 +170,54 @@ _SPECS: tuple[MetricSpec, ...] = (
 )
 
 #: every metric the exporter can serve, by exposition name
-METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
-#: the names of the public contract (the others are the exporter's own; all in docs/metrics.md)
-CONTRACT_METRICS = tuple(name for name in METRICS if not name.startswith("gatewayscope_exporter_"))
+#: what a heal inside the exporter serves (``gatewayscope export --heal``; see docs/heal.md)
+HEAL_SPECS: tuple[MetricSpec, ...] = (
+    MetricSpec("gatewayscope_heal_actions_total", "counter", ("target", "kind", "outcome"),
+               "Actions heal applied (enforce) since it started, by target, action kind and outcome (done, "
+               "refused, unconfirmed, gone, stale, already-done, or skipped: stopped by the kill switch, a window, "
+               "a blocker or the error budget before it started).", per_target=False),
+    MetricSpec("gatewayscope_heal_passes_total", "counter", ("result",),
+               "Heal passes since it started, by result: ok, blocked (paused, breaker open, outside every window "
+               "or a blocker alert firing: nothing was written) or error (the pass could not run).",
+               per_target=False),
+    MetricSpec("gatewayscope_heal_last_pass_timestamp_seconds", "gauge", (),
+               "When the last heal pass ended (Unix seconds); absent before the first pass.", per_target=False),
+    MetricSpec("gatewayscope_heal_last_pass_duration_seconds", "gauge", (),
+               "Seconds the last heal pass took (read, plan, apply).", per_target=False),
+    MetricSpec("gatewayscope_heal_interval_seconds", "gauge", (),
+               "The configured time between two heal passes ([heal] interval_seconds).", per_target=False),
+    MetricSpec("gatewayscope_heal_breaker_open", "gauge", (),
+               "1 while heal's breaker holds every write (its error budget ran out; an operator resets it with "
+               "'gatewayscope heal reset'), else 0.", per_target=False),
+    MetricSpec("gatewayscope_heal_errors_in_window", "gauge", (),
+               "Refused, unconfirmed and stale outcomes in the breaker's window since its last reset; at "
+               "gatewayscope_heal_error_budget the breaker opens.", per_target=False),
+    MetricSpec("gatewayscope_heal_error_budget", "gauge", (),
+               "The errors the breaker's window allows before it opens ([heal.breaker] max_errors).",
+               per_target=False),
+    MetricSpec("gatewayscope_heal_paused", "gauge", (),
+               "1 while heal's kill switch is on (its pause file exists), else 0.", per_target=False),
+    MetricSpec("gatewayscope_heal_blocked", "gauge", ("reason",),
+               "1 when this reason held writes in the last pass (paused, breaker, window, alert; gateway-health "
+               "holds only the target whose health check failed), else 0.", per_target=False),
+    MetricSpec("gatewayscope_heal_dry_run_actions", "gauge", ("target", "kind"),
+               "Actions the last pass would have written but did not (their kind is in dry-run, or a block held "
+               "it), by target and kind: what enforce would do.", per_target=False),
+    MetricSpec("gatewayscope_heal_deferred_actions", "gauge", ("target", "kind"),
+               "Actions the last pass left for a later pass because a cap (per pass, per target, per hour) was "
+               "reached.", per_target=False),
+    MetricSpec("gatewayscope_heal_enforced", "gauge", ("kind",),
+               "1 for each action kind heal writes (mode enforce and the kind enforced), 0 for a kind it plans "
+               "in dry-run.", per_target=False),
+)
+
+METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in (*_SPECS, *HEAL_SPECS)}
+#: the names of heal's metrics (served only by an exporter that runs heal)
+HEAL_METRICS = tuple(spec.name for spec in HEAL_SPECS)
+#: the names of the public contract of every exporter (the others are the exporter's own and heal's, served only
+#: with ``--heal``; all in docs/metrics.md)
+CONTRACT_METRICS = tuple(name for name in METRICS
+                         if not name.startswith("gatewayscope_exporter_") and name not in HEAL_METRICS)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import ssl
 import threading
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 from prometheus_client import CollectorRegistry
@@ -46,9 +46,14 @@ from prometheus_client.exposition import choose_encoder
 
 from gatewayscope import __version__
 from gatewayscope.config import Config, Target
+from gatewayscope.errors import GatewayscopeError
 from gatewayscope.exporter.cache import Reader, TargetCache, TargetResult
 from gatewayscope.exporter.collectors import ExporterCollector, FindingsCache, TargetsCollector
 from gatewayscope.exporter.settings import ExporterSettings, parse_listen
+from gatewayscope.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from gatewayscope.heal.loop import HealLoop
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,8 @@ DISCOVERY_INTERVAL_SECONDS = 1.0
 DISCOVERED_TIMEOUT_SECONDS = 10.0
 #: the liveness and readiness paths: served without basic auth (they only ever say OK), like a kubelet asks
 PROBE_PATHS = ("/-/healthy", "/-/ready")
+#: heal's kill switch (POST, behind basic auth like every path but the probes)
+HEAL_PATHS = ("/-/heal/pause", "/-/heal/resume")
 
 
 def render(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
@@ -105,12 +112,18 @@ class Exporter:
     """The exporter without HTTP: targets, settings, the per-target cache, and the registries per scrape."""
 
     def __init__(self, config: Config, settings: ExporterSettings, *, reader: Reader | None = None,
-                 transports: dict[str, Any] | None = None) -> None:
+                 transports: dict[str, Any] | None = None, heal: HealLoop | None = None) -> None:
         self.config = config
         self.settings = settings
+        #: the heal loop this exporter serves the metrics and the pause switch of (``export --heal``), or None
+        self.heal = heal
+        # with a heal that shares its reads, every read is one a plan can be made from (fingerprints, and the
+        # sessions heal's journals record as deleted)
+        shares = heal is not None and heal.shares_reads
         self.cache = TargetCache(config.targets, config.policy, min_interval_seconds=settings.min_interval_seconds,
                                  reader=reader, transports=transports,
-                                 full_read_interval_seconds=settings.full_read_interval_seconds)
+                                 full_read_interval_seconds=settings.full_read_interval_seconds,
+                                 plan_reads=shares, also=heal.known_deleted if heal is not None and shares else None)
         #: the findings of each target's last read, so a scrape served from the cache does not analyse again
         self.findings = FindingsCache()
         self._discovered: list[Target] = []
@@ -157,8 +170,22 @@ class Exporter:
         results = self.cache.fetch(self.targets, budget)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(ExporterCollector(self.cache.counters))
+        self._register_heal(registry)
         registry.register(self._targets_collector(results))
         return registry
+
+    def _register_heal(self, registry: CollectorRegistry) -> None:
+        if self.heal is not None:
+            from gatewayscope.heal.metrics import HealCollector
+
+            registry.register(HealCollector(self.heal))
+
+    def read_for_heal(self, config: Config, deleted: Any) -> Snapshot:
+        """Heal's read of ``config``'s targets through this exporter's per-target cache (one read serves both)."""
+        timeout = max([t.timeout_seconds for t in config.targets] or [DISCOVERED_TIMEOUT_SECONDS]) * 3
+        results = self.cache.fetch(config.targets, timeout)
+        taken_at = min((r.snapshot.started_at for r in results), default=self.cache.wall_clock())
+        return Snapshot(taken_at=taken_at, targets=[r.snapshot for r in results])
 
     def probe_registry(self, target: Target, budget: float) -> CollectorRegistry:
         """``/probe?target=NAME``: one target's metrics."""
@@ -170,6 +197,7 @@ class Exporter:
         """``/exporter-metrics``: only the exporter's own metrics (reads no target)."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(ExporterCollector(self.cache.counters))
+        self._register_heal(registry)
         return registry
 
     def landing_page(self, *, detailed: bool = False) -> str:
@@ -320,6 +348,34 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as err:  # a bug: say so, keep serving
             log.exception("serving %s failed", parts.path)
             self._text(500, f"gatewayscope exporter: internal error ({type(err).__name__}); see its log.\n")
+
+    def do_POST(self) -> None:
+        parts = urlsplit(self.path)
+        # a POST's body is never read: drop the connection after the answer instead of parsing what follows
+        self.close_connection = True
+        if not self._authorized():
+            self._text(401, "gatewayscope exporter: authentication required\n",
+                       {"WWW-Authenticate": 'Basic realm="gatewayscope exporter", charset="UTF-8"'})
+            return
+        heal = self.server.exporter.heal
+        if parts.path not in HEAL_PATHS:
+            self._text(404, f"gatewayscope exporter: no page {parts.path} to POST to.\n")
+            return
+        if heal is None:
+            self._text(404, "gatewayscope exporter: heal is not running here (start it with 'gatewayscope export "
+                            "--heal').\n")
+            return
+        who = f"POST {parts.path} from {self.address_string()}"
+        try:
+            if parts.path == "/-/heal/pause":
+                heal.pause(who)
+                self._text(200, "heal paused: no write starts until it is resumed\n")
+            else:
+                heal.resume(who)
+                self._text(200, "heal resumed\n")
+        except (OSError, GatewayscopeError) as err:
+            log.warning("%s failed: %s", who, err)
+            self._text(500, f"gatewayscope exporter: {parts.path} failed: {err}\n")
 
     def _registry(self, registry: CollectorRegistry) -> None:
         body, content_type = render(registry, self.headers.get("Accept"))
@@ -508,7 +564,8 @@ class ExporterServer(HTTPServer):
 
 
 def make_server(config: Config, settings: ExporterSettings, *, listen: str | None = None,
-                reader: Reader | None = None, transports: dict[str, Any] | None = None) -> ExporterServer:
+                reader: Reader | None = None, transports: dict[str, Any] | None = None,
+                heal: HealLoop | None = None) -> ExporterServer:
     """An exporter server for ``config``: resolves the password and loads TLS now (ConfigError if they fail).
 
     ``listen`` (``HOST:PORT``) overrides ``settings.listen``; port 0 picks a free port (see ``.port``).
@@ -522,7 +579,9 @@ def make_server(config: Config, settings: ExporterSettings, *, listen: str | Non
         raise ConfigError(f"listen: {err}") from None
     basic_auth = (settings.resolve_username(), settings.resolve_password()) if settings.basic_auth else None
     context = settings.ssl_context()
-    exporter = Exporter(config, settings, reader=reader, transports=transports)
+    exporter = Exporter(config, settings, reader=reader, transports=transports, heal=heal)
+    if heal is not None and heal.shares_reads:
+        heal.read = exporter.read_for_heal
     try:
         return ExporterServer(exporter, host, port, ssl_context=context, basic_auth=basic_auth)
     except OSError as err:

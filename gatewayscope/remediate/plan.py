@@ -484,10 +484,13 @@ def _rllm_actions(found: TargetFindings, *, include_suspected: bool, tombstone_i
             how = "with the gateway's own delete statements on its SQLite file, in short exclusive transactions"
             when = ("; about " + (f"{human_seconds(low)} (idle store) to {human_seconds(high)} (busy gateway)"
                                   if high >= 1 else "a second or less"))
-        elif data.capabilities.get("batch_delete"):
+        elif data.capabilities.get("batch_delete") and not data.capabilities.get("guard"):
             how, when = "through the gateway's batch delete (POST /sessions/batch_delete), one batch at a time", ""
         else:
-            how = "through the gateway's own delete, one at a time"
+            # a guarded launcher deletes by compare-and-delete even where it has batch delete: nothing can land
+            # between the check and the delete
+            how = ("through the guarded launcher's compare-and-delete, one at a time" if data.capabilities.get("guard")
+                   else "through the gateway's own delete, one at a time")
             when = "; the 0.1.0 memory store scans every session on each delete: " + _memory_delete_time(
                 data.session_count, data.trace_count, chosen)
         warnings.append(f"{snap.name}: deletes {len(delete_ids)} session(s) {how}, {pace}{when} "

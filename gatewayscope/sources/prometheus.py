@@ -134,6 +134,37 @@ class PrometheusClient(HttpClient):
         return parse_matrix(body, who=self.who) if parsed else _not_json(self.who, response)
 
 
+    def firing_alerts(self) -> set[str]:
+        """The names of the alerts firing now (``GET /api/v1/alerts``; pending ones are not firing yet)."""
+        response = self.send("GET", "/api/v1/alerts")
+        parsed, body = self.parse_json(response)
+        return parse_alerts(body, who=self.who) if parsed else _not_json(self.who, response)
+
+
+def parse_alerts(body: Any, *, who: str = "Prometheus") -> set[str]:
+    """The ``alertname`` of every firing alert in an ``/api/v1/alerts`` answer, or BadResponseError.
+
+    >>> parse_alerts({"status": "success", "data": {"alerts": [
+    ...     {"labels": {"alertname": "A"}, "state": "firing"}, {"labels": {"alertname": "B"}, "state": "pending"}]}})
+    {'A'}
+    """
+    if not isinstance(body, dict) or body.get("status") != "success":
+        raise BadResponseError(f"{who} answered the alerts query with JSON that is not a successful API envelope; "
+                               "check that prometheus_url is Prometheus itself.")
+    data = body.get("data")
+    alerts = data.get("alerts") if isinstance(data, dict) else None
+    if not isinstance(alerts, list):
+        raise BadResponseError(f"{who} answered the alerts query without a list of alerts.")
+    firing: set[str] = set()
+    for alert in alerts:
+        labels = alert.get("labels") if isinstance(alert, dict) else None
+        if not isinstance(labels, dict) or not isinstance(labels.get("alertname"), str):
+            raise BadResponseError(f"{who} answered the alerts query with an alert that has no alertname label.")
+        if alert.get("state") == "firing":
+            firing.add(labels["alertname"])
+    return firing
+
+
 def _not_json(who: str, response: httpx.Response) -> NoReturn:
     snippet = strip_control_chars(response.text[:80], 80)
     raise BadResponseError(f"{who} answered the range query with something that is not JSON: {snippet!r}. "

@@ -3,8 +3,12 @@ kernel, and rollouts with their stragglers, checked."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gatewayscope.sandbox.rollouts import RolloutRun, run_rollouts
 
@@ -35,3 +39,13 @@ def rollouts(url: str, n: int, stragglers: int, *, guarded: bool, seed: int) -> 
         assert run.ok, run.to_dict()
     assert len(run.deleted_uids) == n, run.to_dict()
     return run
+
+
+def prometheus_or_skip() -> str:
+    """The ``prometheus`` binary; the test is skipped without it (and fails in CI, which installs it)."""
+    prometheus_bin = shutil.which("prometheus")
+    if prometheus_bin is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus is not on PATH; CI installs Debian's 'prometheus' package (.ci/run)")
+        pytest.skip("prometheus is not installed (Debian: apt-get install prometheus); CI runs this test")
+    return prometheus_bin

@@ -129,14 +129,17 @@ class _Gate:
                           if r.kind == "tombstone_backfill" and r.outcome not in SUCCESS_OUTCOMES}
 
     def stop_reason(self) -> str | None:
-        return self.budget.stopped
+        if self.budget.stopped:
+            return self.budget.stopped
+        return self.options.stop() if self.options.stop is not None else None
 
     def blocked(self, action: Action) -> ActionResult | None:
         def skipped(reason: str) -> ActionResult:
             return ActionResult(action.id, action.kind, action.target, action.subject, "skipped", reason)
 
-        if self.budget.stopped:
-            return skipped(self.budget.stopped)
+        reason = self.stop_reason()
+        if reason:
+            return skipped(reason)
         if action.kind == "session_delete" and action.target in self.unguarded:
             return skipped("its target's tombstones were not recorded first; not deleted")
         if action.destructive and self.options.write and not self.options.allow_delete:
@@ -151,14 +154,17 @@ class _Gate:
 
 def _work_items(ctx: _Context, phase: list[Action]) -> list[Action | list[Action]]:
     """One item per action, except session deletes on a SQLite store (all of one store's in one item: they
-    run one transaction at a time) and on a gateway with batch delete (chunks of DELETE_BATCH)."""
+    run one transaction at a time) and on an unguarded gateway with batch delete (chunks of DELETE_BATCH)."""
     items: list[Action | list[Action]] = []
     stores: dict[str, list[Action]] = {}
     batched: dict[str, list[Action]] = {}
     for action in phase:
         if action.kind == "session_delete" and not ctx.target(action.target).is_remote:
             stores.setdefault(action.target, []).append(action)
-        elif action.kind == "session_delete" and ctx.capability(action.target, "batch_delete"):
+        elif (action.kind == "session_delete" and ctx.capability(action.target, "batch_delete")
+              # a guarded launcher's compare-and-delete (one session per request) beats a batch: nothing can land
+              # between its check and its delete, so a session that turns live is never deleted
+              and not ctx.capability(action.target, "guard")):
             batched.setdefault(action.target, []).append(action)
         else:
             items.append(action)

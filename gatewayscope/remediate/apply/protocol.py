@@ -233,7 +233,8 @@ class _Context:
         with self._lock:
             pacer = self._pacers.get(target)
             if pacer is None:
-                pacer = self._pacers[target] = _DeletePacer(None if self.options.rate else DELETE_DUTY,
+                duty = self.options.delete_duty or DELETE_DUTY
+                pacer = self._pacers[target] = _DeletePacer(None if self.options.rate else duty,
                                                             self.options.sleep)
         return pacer.turn()
 

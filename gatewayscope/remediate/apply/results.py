@@ -40,6 +40,11 @@ class ApplyOptions:
     pool_write_timeout: float = POOL_WRITE_TIMEOUT
     retry_schedule: Sequence[float] = RETRY_SCHEDULE
     sleep: Callable[[float], None] = time.sleep
+    #: without ``rate``: the share of a gateway's time its session deletes may take (default DELETE_DUTY)
+    delete_duty: float | None = None
+    #: asked before each action (and each SQLite transaction) starts: a sentence stops every action not yet
+    #: started (skipped, open in the journal), None lets it run. Heal's kill switch, windows and blockers
+    stop: Callable[[], str | None] | None = None
 
 
 @dataclass(frozen=True)
