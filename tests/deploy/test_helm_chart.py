@@ -238,8 +238,20 @@ def test_the_config_is_what_the_exporter_accepts_and_every_file_it_names_is_moun
     files = {str(tmp_path) + path if path.startswith("/etc/gatewayscope/") else path: found
              for path, found in files.items()}
     container = exporter_container(objects)
+    heal = values.get("heal", {}).get("enabled", False)
     assert container["args"] == ["--config", "/etc/gatewayscope/gatewayscope.toml",
-                                 "--listen", f"0.0.0.0:{container['ports'][0]['containerPort']}"]
+                                 "--listen", f"0.0.0.0:{container['ports'][0]['containerPort']}",
+                                 *(["--heal"] if heal else [])]
+    if heal:  # heal: one replica, never two in a rollout, its journal on the claim, its table what heal accepts
+        from gatewayscope.heal.settings import parse_heal_settings
+
+        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+        claim = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "heal-state")
+        assert claim["persistentVolumeClaim"]["claimName"] == values["heal"]["existingClaim"]
+        table = tomllib.loads(rooted)["heal"]
+        assert table["state_dir"] == values["heal"].get("mountPath", "/var/lib/gatewayscope-heal")
+        parse_heal_settings(table, "gatewayscope.toml")
     assert files[f"{tmp_path}/etc/gatewayscope/gatewayscope.toml"] == ("configMap", f"{FULLNAME}:gatewayscope.toml",
                                                                         True)
     assert [(t.name, t.kind) for t in config.targets] == [(t["name"], t["kind"]) for t in wanted]

@@ -161,4 +161,12 @@ tls_key_file = {{ printf "%s/tls/tls.key" $secrets | toJson }}
 basic_auth_username_file = {{ printf "%s/basic-auth/username" $secrets | toJson }}
 basic_auth_password_file = {{ printf "%s/basic-auth/password" $secrets | toJson }}
 {{- end }}
+{{- if .Values.heal.enabled }}
+
+[heal]
+state_dir = {{ .Values.heal.mountPath | toJson }}
+{{- with .Values.heal.toml }}
+{{ . }}
+{{- end }}
+{{- end }}
 {{- end }}
