@@ -64,7 +64,8 @@ def _measure(gateway: Any, config: str, interval: float, window: float, *,
     scraped every ``interval``; and the scrape times, the last scrape's text and the exporter's stderr."""
     import httpx
 
-    from bench._support import free_port, start_probe, stop_probe, wait_http
+    from bench._support import start_probe, stop_probe, wait_http
+    from gatewayscope.sandbox.processes import free_port
 
     port = free_port()
     exporter = subprocess.Popen([sys.executable, "-c", "from gatewayscope.cli import run; run()", "export",
