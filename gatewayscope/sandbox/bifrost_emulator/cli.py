@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import sys
@@ -13,6 +12,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
+from gatewayscope.cli.common import non_negative_seconds
 from gatewayscope.errors import ConfigError
 from gatewayscope.sandbox.bifrost_emulator.seed import DEFAULT_LIVE_PORT, DEFAULT_RNG_SEED, SEED_NAMES, apply_seed
 from gatewayscope.sandbox.bifrost_emulator.server import BifrostEmulator, EmulatorOptions
@@ -34,17 +34,6 @@ def _port(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a port number, not {text!r}") from None
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, not {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, not {text!r}")
     return value
 
 
@@ -78,9 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--auth-password-env", metavar="VAR", default=None,
                         help=f"environment variable holding the admin password (default: {DEFAULT_PASSWORD_ENV}); "
                              "a password is never taken on the command line")
-    parser.add_argument("--dns-timeout", type=_seconds, default=5.0,
+    parser.add_argument("--dns-timeout", type=non_negative_seconds, default=5.0,
                         help="bound on the base-URL DNS lookup, seconds (default: %(default)s)")
-    parser.add_argument("--model-discovery-delay", type=_seconds, default=0.0,
+    parser.add_argument("--model-discovery-delay", type=non_negative_seconds, default=0.0,
                         help="emulated upstream model listing after each write, seconds, ≤ 15 (default: 0)")
     parser.add_argument("--version-string", default="v2.2.4",
                         help="what GET /api/version answers (default: %(default)s)")
