@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gatewayscope._files import read_text
+from gatewayscope._text import terminal_safe
 from gatewayscope.config import Target
 from gatewayscope.errors import GatewayscopeError, PlanError
 from gatewayscope.heal.settings import DELETE_KINDS, Blockers, BreakerSettings, Limits
@@ -42,9 +44,9 @@ class HealLockedError(PlanError):
 def lock_holder(lock_path: Path) -> str | None:
     """Who holds (or last held) the heal lock, as a phrase, or None when the file names nobody."""
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        info = json.loads(lock_path.read_text(encoding="utf-8"))
+        info = json.loads(read_text(lock_path, limit=64 * 1024))  # a pid, a host and a time
         since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(info["since"])))
-        return f"process {int(info['pid'])} on host {info['host']} (since {since})"
+        return f"process {int(info['pid'])} on host {terminal_safe(str(info['host']))} (since {since})"
     return None
 
 

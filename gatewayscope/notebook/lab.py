@@ -20,9 +20,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gatewayscope._files import read_text
+
 #: the JupyterLab settings (plugin id -> values) the notebooks want as defaults
 LAB_SETTINGS: dict[str, dict[str, Any]] = {"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True}}
 #: the file JupyterLab's server reads default setting overrides from, under a Jupyter config folder
+#: the most of an existing overrides file read (a settings file is a few KB; anything else is not ours to read)
+SETTINGS_LIMIT = 1024 * 1024
 OVERRIDES_FILE = Path("labconfig") / "default_setting_overrides.json"
 
 
@@ -37,7 +41,7 @@ def write_lab_config(folder: str | Path) -> Path:
     current: dict[str, Any] = {}
     if path.exists():
         try:
-            loaded = json.loads(path.read_text())
+            loaded = json.loads(read_text(path, limit=SETTINGS_LIMIT))
         except (OSError, ValueError):
             loaded = {}
         current = loaded if isinstance(loaded, dict) else {}
