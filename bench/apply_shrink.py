@@ -24,20 +24,9 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from typing import Any
 
-from bench.common import (
-    BenchContext,
-    BenchError,
-    BenchResult,
-    Check,
-    emit,
-    median,
-    peak_rss_bytes,
-    register,
-    run_child,
-)
+from bench import common
 
 NAME = "apply-pool-shrinks"
 MODULE = "bench.apply_shrink"
@@ -70,7 +59,7 @@ def _child_plan(url: str, out: str) -> dict[str, Any]:
     config = _config(url)
     snapshot = take_snapshot(config)
     if not snapshot.targets[0].up:
-        raise BenchError(f"the scan failed: {snapshot.targets[0].error}")
+        raise common.BenchError(f"the scan failed: {snapshot.targets[0].error}")
     plan = build_plan(snapshot, config, only=["pool_shrink"])
     plan.save(out)
     return {"actions": len(plan.actions)}
@@ -88,7 +77,7 @@ def _child_ours(url: str, plan_path: str, journal_path: str, concurrency: int) -
     report = apply_plan(plan, config, options=ApplyOptions(write=True, concurrency=concurrency),
                         journal=Journal(journal_path))
     seconds = time.monotonic() - start
-    return {"seconds": seconds, "cpu": time.process_time() - cpu, "peak_rss": peak_rss_bytes(),
+    return {"seconds": seconds, "cpu": time.process_time() - cpu, "peak_rss": common.peak_rss_bytes(),
             "tally": report.tally(), "sends": sum(r.sends for r in report.results),
             "shrink_concurrency": report.shrink_concurrency.get("bifrost", {}).get("concurrency")}
 
@@ -117,25 +106,18 @@ def _child_bare(url: str, plan_path: str, concurrency: int) -> dict[str, Any]:
         statuses = list(pool.map(shrink, actions))
     seconds = time.monotonic() - start
     client.close()
-    return {"seconds": seconds, "ok": sum(1 for s in statuses if s == 200), "peak_rss": peak_rss_bytes()}
+    return {"seconds": seconds, "ok": sum(1 for s in statuses if s == 200), "peak_rss": common.peak_rss_bytes()}
 
 
-def child_main(argv: Sequence[str]) -> int:
-    if len(argv) == 3 and argv[0] == "plan":
-        emit(_child_plan(argv[1], argv[2]))
-    elif len(argv) == 5 and argv[0] == "ours":
-        emit(_child_ours(argv[1], argv[2], argv[3], int(argv[4])))
-    elif len(argv) == 4 and argv[0] == "bare":
-        emit(_child_bare(argv[1], argv[2], int(argv[3])))
-    else:
-        print("usage: python -m bench.apply_shrink plan URL OUT | ours URL PLAN JOURNAL N | bare URL PLAN N",
-              file=sys.stderr)
-        return 2
-    return 0
+child_main = common.children(MODULE, "plan URL OUT | ours URL PLAN JOURNAL N | bare URL PLAN N", [
+    ("plan", _child_plan, (str, str)),
+    ("ours", _child_ours, (str, str, str, int)),
+    ("bare", _child_bare, (str, str, int)),
+])
 
 
-@register(NAME)
-def apply_pool_shrinks(ctx: BenchContext) -> BenchResult:
+@common.register(NAME)
+def apply_pool_shrinks(ctx: common.BenchContext) -> common.BenchResult:
     """apply on 2,000 pool shrinks at 50 ms a call vs calls x latency / concurrency."""
     from bench._support import run_emulator
 
@@ -148,35 +130,31 @@ def apply_pool_shrinks(ctx: BenchContext) -> BenchResult:
     with tempfile.TemporaryDirectory(prefix="gatewayscope-bench-") as tmp:
         plan_path = os.path.join(tmp, "plan.json")
         with run_emulator(records, dead_fraction=0.0, latency=LATENCY) as emulator:
-            planned = run_child(MODULE, "plan", emulator.url, plan_path)["actions"]
+            planned = common.run_child(MODULE, "plan", emulator.url, plan_path)["actions"]
         if planned != n_actions:
-            raise BenchError(f"the plan has {planned} pool shrinks, not {n_actions}")
+            raise common.BenchError(f"the plan has {planned} pool shrinks, not {n_actions}")
         for i in range(runs):
             with run_emulator(records, dead_fraction=0.0, latency=LATENCY) as emulator:
                 journal = os.path.join(tmp, f"journal-{i}.jsonl")
-                result = run_child(MODULE, "ours", emulator.url, plan_path, journal, str(CONCURRENCY))
+                result = common.run_child(MODULE, "ours", emulator.url, plan_path, journal, str(CONCURRENCY))
             if result["tally"]["done"] != n_actions:
-                raise BenchError(f"apply did not shrink every record: {result['tally']}")
+                raise common.BenchError(f"apply did not shrink every record: {result['tally']}")
             if result["shrink_concurrency"] != CONCURRENCY:  # the memory-headroom rule must not throttle here
-                raise BenchError(f"apply resized {result['shrink_concurrency']} at a time, not {CONCURRENCY}")
+                raise common.BenchError(f"apply resized {result['shrink_concurrency']} at a time, not {CONCURRENCY}")
             ours_runs.append(result)
             with run_emulator(records, dead_fraction=0.0, latency=LATENCY) as emulator:
-                bare = run_child(MODULE, "bare", emulator.url, plan_path, str(CONCURRENCY))
+                bare = common.run_child(MODULE, "bare", emulator.url, plan_path, str(CONCURRENCY))
             if bare["ok"] != n_actions:
-                raise BenchError(f"the bare client's writes failed: {bare['ok']} of {n_actions} answered 200")
+                raise common.BenchError(f"the bare client's writes failed: {bare['ok']} of {n_actions} answered 200")
             bare_runs.append(bare)
-    ours_s = median([r["seconds"] for r in ours_runs])
-    bare_s = median([r["seconds"] for r in bare_runs])
-    return BenchResult(
-        name=NAME, row="apply, 2,000 pool shrinks / ideal",
-        ours_seconds=ours_s, baseline_seconds=ideal,
-        peak_rss_bytes=max(r["peak_rss"] for r in ours_runs),
-        checks=[Check.ratio(ours_s / ideal, RATIO_TARGET)],
+    ours_s, bare_s = common.median_seconds(ours_runs), common.median_seconds(bare_runs)
+    return common.ratio_result(
+        NAME, "apply, 2,000 pool shrinks / ideal", ours_s, ideal, RATIO_TARGET, peak_rss=common.peak_of(ours_runs),
         extras={
             "ideal": f"{n_actions:,} actions x {CALLS_PER_ACTION} calls x {LATENCY * 1000:.0f} ms / {CONCURRENCY}",
             "runs": f"{runs} (ours " + "/".join(f"{r['seconds']:.2f}" for r in ours_runs) + " s)",
             "bare client (GET+PUT, no protocol)": f"{bare_s:.2f} s, {bare_s / ideal:.2f}x ideal",
-            "apply CPU": f"{median([r['cpu'] for r in ours_runs]):.1f} s",
+            "apply CPU": f"{common.median([r['cpu'] for r in ours_runs]):.1f} s",
             "tally": ", ".join(f"{n} {k}" for k, n in ours_runs[-1]["tally"].items() if n),
         },
     )

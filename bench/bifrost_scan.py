@@ -25,22 +25,12 @@ Children: ``python -m bench.bifrost_scan ours|ours-for-plan URL`` / ``bare|bare-
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
-from bench.common import (
-    BenchContext,
-    BenchError,
-    BenchResult,
-    Check,
-    emit,
-    median,
-    peak_rss_bytes,
-    register,
-    run_child,
-)
+from bench import common
 
 NAME = "bifrost-scan"
 MODULE = "bench.bifrost_scan"
@@ -60,7 +50,7 @@ def _child_ours(url: str, fingerprints: bool = False) -> dict[str, Any]:
     data = read_bifrost(target, policy, resolver=static_lookup, now=time.time(), fingerprints=fingerprints)
     summary = bifrost_summary(data, policy, target.memory_limit_bytes)
     seconds = time.monotonic() - start
-    return {"seconds": seconds, "peak_rss": peak_rss_bytes(), "records": data.records.height,
+    return {"seconds": seconds, "peak_rss": common.peak_rss_bytes(), "records": data.records.height,
             "unreachable": summary["unreachable_records"], "hosts": data.reachability.height,
             "over_pool": sum(summary["records_over_pool"].values()), "runtime_error": data.runtime_error}
 
@@ -77,23 +67,20 @@ def _child_bare(url: str, with_metrics: bool = True) -> dict[str, Any]:
         body = json.loads(client.get(f"{url}/api/providers").content)
         metrics_bytes = len(metrics.result().raise_for_status().content) if metrics is not None else 0
     seconds = time.monotonic() - start
-    return {"seconds": seconds, "peak_rss": peak_rss_bytes(), "records": len(body["providers"]),
+    return {"seconds": seconds, "peak_rss": common.peak_rss_bytes(), "records": len(body["providers"]),
             "metrics_bytes": metrics_bytes}
 
 
-def child_main(argv: Sequence[str]) -> int:
-    if len(argv) == 2 and argv[0] in ("ours", "ours-for-plan"):
-        emit(_child_ours(argv[1], fingerprints=argv[0] == "ours-for-plan"))
-    elif len(argv) == 2 and argv[0] in ("bare", "bare-listing"):
-        emit(_child_bare(argv[1], with_metrics=argv[0] == "bare"))
-    else:
-        print("usage: python -m bench.bifrost_scan ours|ours-for-plan URL | bare|bare-listing URL", file=sys.stderr)
-        return 2
-    return 0
+child_main = common.children(MODULE, "ours|ours-for-plan URL | bare|bare-listing URL", [
+    ("ours", _child_ours, (str,)),
+    ("ours-for-plan", functools.partial(_child_ours, fingerprints=True), (str,)),
+    ("bare", _child_bare, (str,)),
+    ("bare-listing", functools.partial(_child_bare, with_metrics=False), (str,)),
+])
 
 
-@register(NAME)
-def bifrost_scan(ctx: BenchContext) -> BenchResult:
+@common.register(NAME)
+def bifrost_scan(ctx: common.BenchContext) -> common.BenchResult:
     """Our Bifrost scan + findings vs a bare GET /api/providers + parse beside GET /metrics, against one
     emulator."""
     from bench._support import run_emulator
@@ -105,54 +92,42 @@ def bifrost_scan(ctx: BenchContext) -> BenchResult:
         booted = time.monotonic() - started
 
         def ours() -> dict[str, Any]:
-            result = run_child(MODULE, "ours", emulator.url)
+            result = common.run_child(MODULE, "ours", emulator.url)
             if result["records"] != n_records:
-                raise BenchError(f"our scan read {result['records']} records, not {n_records}")
+                raise common.BenchError(f"our scan read {result['records']} records, not {n_records}")
             if result["runtime_error"] is not None:  # a scan without the metrics read would measure less
-                raise BenchError(f"our scan read no runtime metrics: {result['runtime_error']}")
+                raise common.BenchError(f"our scan read no runtime metrics: {result['runtime_error']}")
             return result
 
         def bare() -> dict[str, Any]:
-            result = run_child(MODULE, "bare", emulator.url)
+            result = common.run_child(MODULE, "bare", emulator.url)
             if result["records"] != n_records:
-                raise BenchError(f"the bare listing holds {result['records']} records, not {n_records}")
+                raise common.BenchError(f"the bare listing holds {result['records']} records, not {n_records}")
             return result
 
         def for_plan() -> dict[str, Any]:
-            return run_child(MODULE, "ours-for-plan", emulator.url)
+            return common.run_child(MODULE, "ours-for-plan", emulator.url)
 
         def listing_only() -> dict[str, Any]:
-            return run_child(MODULE, "bare-listing", emulator.url)
+            return common.run_child(MODULE, "bare-listing", emulator.url)
 
         bare(), ours()  # warm-up pair, not counted
-        ours_runs: list[dict[str, Any]] = []
-        bare_runs: list[dict[str, Any]] = []
-        plan_runs: list[dict[str, Any]] = []
-        listing_runs: list[dict[str, Any]] = []
-        for i in range(runs):
-            for side in ((bare, ours, for_plan, listing_only) if i % 2 == 0 else (listing_only, for_plan, ours, bare)):
-                result = side()
-                (ours_runs if side is ours else bare_runs if side is bare else plan_runs if side is for_plan
-                 else listing_runs).append(result)
-    ours_s = median([r["seconds"] for r in ours_runs])
-    bare_s = median([r["seconds"] for r in bare_runs])
+        bare_runs, ours_runs, plan_runs, listing_runs = common.alternate(runs, bare, ours, for_plan, listing_only)
+    ours_s, bare_s = common.median_seconds(ours_runs), common.median_seconds(bare_runs)
     first = ours_runs[0]
-    return BenchResult(
-        name=NAME, row="Bifrost, 5,000 records: scan + findings / bare GET /api/providers + parse, GET /metrics",
-        ours_seconds=ours_s, baseline_seconds=bare_s,
-        peak_rss_bytes=max(r["peak_rss"] for r in ours_runs),
-        checks=[Check.ratio(ours_s / bare_s, RATIO_TARGET)],
+    return common.ratio_result(
+        NAME, "Bifrost, 5,000 records: scan + findings / bare GET /api/providers + parse, GET /metrics",
+        ours_s, bare_s, RATIO_TARGET, peak_rss=common.peak_of(ours_runs),
         extras={
             "store": f"{n_records:,} records in the emulator (own process, up in {booted:.1f} s)",
             "findings": f"{first['over_pool']:,} over pool, {first['unreachable']:,} unreachable, "
                         f"{first['hosts']:,} hosts checked",
-            "read for a plan (with fingerprints)": f"{median([r['seconds'] for r in plan_runs]) * 1000:.0f} ms, "
-                                                   f"{median([r['seconds'] for r in plan_runs]) / bare_s:.2f}x",
-            "bare listing alone": f"{median([r['seconds'] for r in listing_runs]) * 1000:.0f} ms (ours "
-                                  f"{ours_s / median([r['seconds'] for r in listing_runs]):.2f}x); the metrics "
+            "read for a plan (with fingerprints)": f"{common.median_seconds(plan_runs) * 1000:.0f} ms, "
+                                                   f"{common.median_seconds(plan_runs) / bare_s:.2f}x",
+            "bare listing alone": f"{common.median_seconds(listing_runs) * 1000:.0f} ms (ours "
+                                  f"{ours_s / common.median_seconds(listing_runs):.2f}x); the metrics "
                                   f"answer {bare_runs[0]['metrics_bytes']:,} bytes",
-            "runs": f"{runs} (ours " + "/".join(f"{r['seconds'] * 1000:.0f}" for r in ours_runs)
-                    + ", bare " + "/".join(f"{r['seconds'] * 1000:.0f}" for r in bare_runs) + " ms)",
+            "runs": common.runs_figure(runs, ours_runs, bare_runs, ms=True),
         },
     )
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._stores import SlimStore, ensure_store
-from bench.common import BenchContext, BenchError, BenchResult, Check, child_env, median, register
+from bench.common import BenchContext, BenchError, BenchResult, alternate, child_env, median, ratio_result, register
 
 SESSIONS = (1_000_000, 20_000, 2_000)
 ORPHANS = (10_000, 200, 20)
@@ -92,20 +92,14 @@ def measure(ctx: BenchContext, store: SlimStore) -> tuple[list[float], list[floa
         return seconds
 
     bare(), ours()
-    ours_runs: list[float] = []
-    bare_runs: list[float] = []
-    for i in range(runs):
-        for side in ((bare, ours) if i % 2 == 0 else (ours, bare)):
-            (ours_runs if side is ours else bare_runs).append(side())
+    bare_runs, ours_runs = alternate(runs, bare, ours)
     return ours_runs, bare_runs
 
 
 def _result(name: str, row: str, store: SlimStore, ours_runs: list[float], bare_runs: list[float],
             target: float) -> BenchResult:
-    ours_s, bare_s = median(ours_runs), median(bare_runs)
-    return BenchResult(
-        name=name, row=row, ours_seconds=ours_s, baseline_seconds=bare_s,
-        checks=[Check.ratio(ours_s / bare_s, target)],
+    return ratio_result(
+        name, row, median(ours_runs), median(bare_runs), target,
         extras={"store": store.describe(),
                 "runs": f"{len(ours_runs)} (ours " + "/".join(f"{s:.2f}" for s in ours_runs)
                         + ", bare " + "/".join(f"{s:.2f}" for s in bare_runs) + " s)"},

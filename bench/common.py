@@ -29,15 +29,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 #: the repository root (the folder holding ``bench/`` and ``gatewayscope/``)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SIZES = ("full", "small", "tiny")
 MIB = 1024 * 1024
+T = TypeVar("T")
 
 
 class BenchError(RuntimeError):
@@ -209,6 +210,49 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+def median_seconds(runs: Sequence[Mapping[str, Any]]) -> float:
+    """The median of the ``seconds`` of several children's results."""
+    return median([run["seconds"] for run in runs])
+
+
+def peak_of(runs: Sequence[Mapping[str, Any]]) -> int:
+    """The largest ``peak_rss`` of several children's results."""
+    return max(run["peak_rss"] for run in runs)
+
+
+def alternate(runs: int, *sides: Callable[[], T], pause: float = 0.0) -> list[list[T]]:
+    """``runs`` rounds of every side, in the order given in even rounds and reversed in odd ones, so that what
+    drifts during a run falls on every side alike; each side's results in the order they ran. ``pause``: the
+    seconds to sleep after each side."""
+    results: list[list[T]] = [[] for _ in sides]
+    for i in range(runs):
+        for k in (range(len(sides)) if i % 2 == 0 else reversed(range(len(sides)))):
+            results[k].append(sides[k]())
+            if pause:
+                time.sleep(pause)
+    return results
+
+
+def runs_figure(runs: int, ours_runs: Sequence[Mapping[str, Any]], bare_runs: Sequence[Mapping[str, Any]], *,
+                ms: bool = False) -> str:
+    """``runs (ours a/b, bare c/d s)``: each run's seconds, to the millisecond in ms with ``ms``, else in s to 10 ms."""
+
+    def times(results: Sequence[Mapping[str, Any]]) -> str:
+        return "/".join(f"{r['seconds'] * 1000:.0f}" if ms else f"{r['seconds']:.2f}" for r in results)
+
+    return f"{runs} (ours {times(ours_runs)}, bare {times(bare_runs)} {'ms' if ms else 's'})"
+
+
+def ratio_result(name: str, row: str, ours_seconds: float, baseline_seconds: float, target: float, *,
+                 peak_rss: int | None = None, checks: Sequence[Check] = (),
+                 extras: dict[str, str] | None = None) -> BenchResult:
+    """The row of a benchmark timed against a baseline: its first check ours / baseline at most ``target``, then
+    ``checks``."""
+    return BenchResult(name=name, row=row, ours_seconds=ours_seconds, baseline_seconds=baseline_seconds,
+                       peak_rss_bytes=peak_rss, checks=[Check.ratio(ours_seconds / baseline_seconds, target), *checks],
+                       extras=extras or {})
+
+
 def _proc_status_bytes(key: str) -> int | None:
     try:
         with open("/proc/self/status") as handle:
@@ -272,6 +316,26 @@ def run_child(module: str, *args: str, timeout: float = 3600.0) -> dict[str, Any
 def emit(result: dict[str, Any]) -> None:
     """Print a child's result as the one JSON line ``run_child`` reads."""
     print(json.dumps(result), flush=True)
+
+
+#: one command of a benchmark module's children: its word, the function it runs and the type of each argument
+#: (the function is given the command's arguments, each converted by its type)
+ChildCommand = tuple[str, Callable[..., dict[str, Any]], tuple[Callable[[str], Any], ...]]
+
+
+def children(module: str, usage: str, commands: Sequence[ChildCommand]) -> Callable[[Sequence[str]], int]:
+    """A benchmark module's ``child_main``: it runs the command whose word and number of arguments ``argv`` has and
+    prints its result (``emit``), else prints ``usage: python -m MODULE USAGE`` to stderr and returns 2."""
+
+    def child_main(argv: Sequence[str]) -> int:
+        for word, run, types in commands:
+            if argv and argv[0] == word and len(argv) == len(types) + 1:
+                emit(run(*(convert(arg) for convert, arg in zip(types, argv[1:], strict=True))))
+                return 0
+        print(f"usage: python -m {module} {usage}", file=sys.stderr)
+        return 2
+
+    return child_main
 
 
 # -- printing ------------------------------------------------------------------------------------

@@ -25,20 +25,10 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    BenchContext,
-    BenchError,
-    BenchResult,
-    emit,
-    median,
-    peak_rss_bytes,
-    register,
-    run_child,
-)
+from bench import common
 
 NAME = "exporter-fleet-100"
 MODULE = "bench.exporter_fleet"
@@ -81,7 +71,7 @@ class _Exporter:
                             "--config", str(config), "--listen", f"127.0.0.1:{port}"])
         try:
             wait_http(self.url + "/-/healthy", self.child, timeout=60.0)
-        except BenchError:
+        except common.BenchError:
             self.child.stop()
             raise
 
@@ -96,7 +86,7 @@ class _Exporter:
             up = body.count("gatewayscope_up{")
             if up != n_targets or body.count("} 0.0\n", body.index("# HELP gatewayscope_up "),
                                              body.index("# HELP gatewayscope_scrape_duration")):
-                raise BenchError(f"a scrape did not read every target up: {up} of {n_targets}")
+                raise common.BenchError(f"a scrape did not read every target up: {up} of {n_targets}")
         return times, _proc(self.child.pid)["cpu"] - before
 
     def stop(self) -> None:
@@ -123,20 +113,14 @@ def _child_bare(urls_path: str) -> dict[str, Any]:
             list(pool.map(read, urls))
         times.append(time.monotonic() - start)
     client.close()
-    return {"seconds": median(times), "peak_rss": peak_rss_bytes()}
+    return {"seconds": common.median(times), "peak_rss": common.peak_rss_bytes()}
 
 
-def child_main(argv: Sequence[str]) -> int:
-    if len(argv) == 2 and argv[0] == "bare":
-        emit(_child_bare(argv[1]))
-    else:
-        print("usage: python -m bench.exporter_fleet bare URLS_FILE", file=sys.stderr)
-        return 2
-    return 0
+child_main = common.children(MODULE, "bare URLS_FILE", [("bare", _child_bare, (str,))])
 
 
-@register(NAME)
-def exporter_fleet(ctx: BenchContext) -> BenchResult:
+@common.register(NAME)
+def exporter_fleet(ctx: common.BenchContext) -> common.BenchResult:
     """The exporter's own CPU and memory per target, with 100 small targets."""
     import httpx
 
@@ -157,7 +141,7 @@ def exporter_fleet(ctx: BenchContext) -> BenchResult:
         urls_path = Path(tmp) / "urls.json"
         urls_path.write_text(json.dumps([f"{url}/sessions" if kind == "rllm" else f"{url}/api/providers"
                                          for _, kind, url in targets]))
-        bare = run_child(MODULE, "bare", str(urls_path))
+        bare = common.run_child(MODULE, "bare", str(urls_path))
         with httpx.Client(timeout=120.0) as client:
             one = _Exporter(paths["one"])
             try:
@@ -179,9 +163,9 @@ def exporter_fleet(ctx: BenchContext) -> BenchResult:
                 warm_mem = _proc(warm.child.pid)
             finally:
                 warm.stop()
-    cold_s = median(cold_times)
+    cold_s = common.median(cold_times)
     per_target_rss = (warm_mem["VmRSS"] - one_rss) / max(1, n_targets - 1)
-    return BenchResult(
+    return common.BenchResult(
         name=NAME, row="exporter fleet, 100 targets: cold read / bare reads",
         ours_seconds=cold_s, baseline_seconds=bare["seconds"],
         peak_rss_bytes=int(max(cold_mem["VmHWM"], warm_mem["VmHWM"])),
@@ -190,7 +174,7 @@ def exporter_fleet(ctx: BenchContext) -> BenchResult:
                        f"{n_targets - n_targets // 2} Bifrost x {RECORDS} records), real gateways",
             "cold scrape (every target read)": f"{cold_s * 1000:.0f} ms, exporter CPU "
                                                f"{cold_cpu / cold_scrapes / n_targets * 1000:.2f} ms per target",
-            "warm scrape (cached)": f"{median(warm_times) * 1000:.1f} ms, exporter CPU "
+            "warm scrape (cached)": f"{common.median(warm_times) * 1000:.1f} ms, exporter CPU "
                                     f"{warm_cpu / warm_scrapes / n_targets * 1000:.3f} ms per target",
             "exporter RSS": f"{warm_mem['VmRSS'] / 2**20:.0f} MB with {n_targets} targets, "
                             f"{one_rss / 2**20:.0f} MB with 1: {per_target_rss / 1024:.0f} KiB per target",

@@ -22,21 +22,9 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from typing import Any
 
-from bench.common import (
-    BenchContext,
-    BenchError,
-    BenchResult,
-    Check,
-    current_rss_bytes,
-    emit,
-    median,
-    peak_rss_bytes,
-    register,
-    run_child,
-)
+from bench import common
 
 NAME = "exporter-metrics-warm"
 MODULE = "bench.exporter_scrape"
@@ -139,13 +127,13 @@ def _child_ours(out: str, n_targets: int, records: int, scrapes: int) -> dict[st
     from gatewayscope.exporter.server import render
 
     exporter = build_exporter(n_targets, records, min_interval=3600.0)
-    rss_built = current_rss_bytes()
+    rss_built = common.current_rss_bytes()
     start = time.monotonic()
     first, _ = render(exporter.metrics_registry(600.0))
     cold = time.monotonic() - start
     up = [line for line in first.splitlines() if line.startswith(b"gatewayscope_up{")]
     if len(up) != n_targets or not all(line.endswith(b" 1.0") for line in up):
-        raise BenchError(f"the first scrape did not read every target: {up!r}")
+        raise common.BenchError(f"the first scrape did not read every target: {up!r}")
     times = []
     body = b""
     for _ in range(scrapes):
@@ -157,7 +145,7 @@ def _child_ours(out: str, n_targets: int, records: int, scrapes: int) -> dict[st
     series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
     counters = exporter.cache.counters()
     cached = sum(entry["scrapes"]["cached"] for entry in counters.values())
-    return {"seconds": median(times), "runs": times, "cold": cold, "peak_rss": peak_rss_bytes(),
+    return {"seconds": common.median(times), "runs": times, "cold": cold, "peak_rss": common.peak_rss_bytes(),
             "rss_built": rss_built, "series": series, "bytes": len(body), "cached": cached}
 
 
@@ -189,24 +177,18 @@ def _child_bare(path: str, scrapes: int) -> dict[str, Any]:
         start = time.monotonic()
         body = generate_latest(registry)
         times.append(time.monotonic() - start)
-    return {"seconds": median(times), "runs": times, "peak_rss": peak_rss_bytes(), "series": series,
+    return {"seconds": common.median(times), "runs": times, "peak_rss": common.peak_rss_bytes(), "series": series,
             "bytes": len(body)}
 
 
-def child_main(argv: Sequence[str]) -> int:
-    if len(argv) == 5 and argv[0] == "ours":
-        emit(_child_ours(argv[1], int(argv[2]), int(argv[3]), int(argv[4])))
-    elif len(argv) == 3 and argv[0] == "bare":
-        emit(_child_bare(argv[1], int(argv[2])))
-    else:
-        print("usage: python -m bench.exporter_scrape ours OUT TARGETS RECORDS SCRAPES | bare IN SCRAPES",
-              file=sys.stderr)
-        return 2
-    return 0
+child_main = common.children(MODULE, "ours OUT TARGETS RECORDS SCRAPES | bare IN SCRAPES", [
+    ("ours", _child_ours, (str, int, int, int)),
+    ("bare", _child_bare, (str, int)),
+])
 
 
-@register(NAME)
-def exporter_metrics_warm(ctx: BenchContext) -> BenchResult:
+@common.register(NAME)
+def exporter_metrics_warm(ctx: common.BenchContext) -> common.BenchResult:
     """A warm /metrics of 20 big targets vs prometheus-client rendering the same series."""
     n_targets, records = SIZES[ctx.size]
     runs = ctx.runs_or(3, 3, 1)
@@ -216,18 +198,16 @@ def exporter_metrics_warm(ctx: BenchContext) -> BenchResult:
     with tempfile.TemporaryDirectory(prefix="gatewayscope-bench-") as tmp:
         out = os.path.join(tmp, "metrics.txt")
         for _ in range(runs):
-            ours_runs.append(run_child(MODULE, "ours", out, str(n_targets), str(records), str(scrapes)))
-            bare_runs.append(run_child(MODULE, "bare", out, str(scrapes)))
-    ours_s = median([r["seconds"] for r in ours_runs])
-    bare_s = median([r["seconds"] for r in bare_runs])
+            ours_runs.append(common.run_child(MODULE, "ours", out, str(n_targets), str(records), str(scrapes)))
+            bare_runs.append(common.run_child(MODULE, "bare", out, str(scrapes)))
+    ours_s, bare_s = common.median_seconds(ours_runs), common.median_seconds(bare_runs)
     if bare_runs[0]["series"] != ours_runs[0]["series"]:
-        raise BenchError(f"the baseline holds {bare_runs[0]['series']} series, ours served {ours_runs[0]['series']}")
+        raise common.BenchError(f"the baseline holds {bare_runs[0]['series']} series, "
+                                f"ours served {ours_runs[0]['series']}")
     first = ours_runs[0]
-    return BenchResult(
-        name=NAME, row="/metrics, 20 targets x 5,000 records, warm / prometheus-client generate_latest",
-        ours_seconds=ours_s, baseline_seconds=bare_s,
-        peak_rss_bytes=max(r["peak_rss"] for r in ours_runs),
-        checks=[Check.ratio(ours_s / bare_s, RATIO_TARGET)],
+    return common.ratio_result(
+        NAME, "/metrics, 20 targets x 5,000 records, warm / prometheus-client generate_latest",
+        ours_s, bare_s, RATIO_TARGET, peak_rss=common.peak_of(ours_runs),
         extras={
             "targets": f"{n_targets} ({n_targets // 2 + n_targets % 2} Bifrost x {records:,} records, "
                        f"{n_targets // 2} rLLM x {records:,} sessions)",
@@ -235,8 +215,8 @@ def exporter_metrics_warm(ctx: BenchContext) -> BenchResult:
             "scrapes": f"{runs} runs x {scrapes} warm scrapes (medians per run: ours "
                        + "/".join(f"{r['seconds'] * 1000:.1f}" for r in ours_runs) + ", bare "
                        + "/".join(f"{r['seconds'] * 1000:.1f}" for r in bare_runs) + " ms)",
-            "first (cold) scrape": f"{median([r['cold'] for r in ours_runs]):.2f} s",
-            "bare peak RSS": f"{max(r['peak_rss'] for r in bare_runs) / 2**20:.0f} MB",
+            "first (cold) scrape": f"{common.median([r['cold'] for r in ours_runs]):.2f} s",
+            "bare peak RSS": f"{common.peak_of(bare_runs) / 2**20:.0f} MB",
         },
     )
 

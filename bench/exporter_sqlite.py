@@ -28,22 +28,10 @@ import sqlite3
 import sys
 import time
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
+from bench import common
 from bench._stores import SlimStore, ensure_store
-from bench.common import (
-    BenchContext,
-    BenchError,
-    BenchResult,
-    Check,
-    current_rss_bytes,
-    emit,
-    median,
-    peak_rss_bytes,
-    register,
-    run_child,
-)
 from bench.sqlite_scan import WRITER_PREFIX, remove_writer_rows
 
 MODULE = "bench.exporter_sqlite"
@@ -124,32 +112,26 @@ def _child_scrape(path: str, scrapes: int, writes: int) -> dict[str, Any]:
         times.append(time.monotonic() - start)
         orphans.append(_orphans_reported(body))
         if not any(line.startswith(b"gatewayscope_up{") and line.endswith(b" 1.0") for line in body.splitlines()):
-            raise BenchError(f"a scrape found the store down; `gatewayscope scan --trace-store {path}` says why")
+            raise common.BenchError(f"a scrape found the store down; `gatewayscope scan --trace-store {path}` says why")
     scrapes_by_source = exporter.cache.counters()["store"]["scrapes"]
-    return {"seconds": median(times), "runs": times, "cold": cold, "peak_rss": peak_rss_bytes(),
-            "rss_end": current_rss_bytes(), "orphans": orphans, "sources": scrapes_by_source}
+    return {"seconds": common.median(times), "runs": times, "cold": cold, "peak_rss": common.peak_rss_bytes(),
+            "rss_end": common.current_rss_bytes(), "orphans": orphans, "sources": scrapes_by_source}
 
 
-def child_main(argv: Sequence[str]) -> int:
-    if len(argv) == 4 and argv[0] == "scrape":
-        emit(_child_scrape(argv[1], int(argv[2]), int(argv[3])))
-    else:
-        print("usage: python -m bench.exporter_sqlite scrape PATH SCRAPES WRITES", file=sys.stderr)
-        return 2
-    return 0
+child_main = common.children(MODULE, "scrape PATH SCRAPES WRITES", [("scrape", _child_scrape, (str, int, int))])
 
 
 def scrape(store: SlimStore, scrapes: int) -> dict[str, Any]:
     """The exporter child on ``store``; its figures, checked (every scrape a read, every orphan reported)."""
     remove_writes(store.path)  # leftovers of an interrupted run
     try:
-        result = run_child(MODULE, "scrape", store.path, str(scrapes), str(WRITES_PER_SCRAPE))
+        result = common.run_child(MODULE, "scrape", store.path, str(scrapes), str(WRITES_PER_SCRAPE))
     finally:
         remove_writes(store.path)
     if result["sources"].get("cached", 0) or result["sources"].get("read", 0) != scrapes + 1:
-        raise BenchError(f"every scrape should read the store once: {result['sources']}")
+        raise common.BenchError(f"every scrape should read the store once: {result['sources']}")
     if any(count != store.orphans for count in result["orphans"]):
-        raise BenchError(f"the scrapes reported {result['orphans']} orphans; the store holds {store.orphans}")
+        raise common.BenchError(f"the scrapes reported {result['orphans']} orphans; the store holds {store.orphans}")
     return result
 
 
@@ -157,46 +139,45 @@ def _runs(result: dict[str, Any]) -> str:
     return "/".join(f"{s * 1000:.0f}" for s in result["runs"]) + " ms"
 
 
-@register("exporter-guarded-10m")
-def exporter_guarded_10m(ctx: BenchContext) -> BenchResult:
+@common.register("exporter-guarded-10m")
+def exporter_guarded_10m(ctx: common.BenchContext) -> common.BenchResult:
     """Warm /metrics on the guarded 10M-session store: time and the exporter's peak RSS."""
     sessions = ctx.scaled(*GUARDED_SESSIONS, least=100)
     store = ensure_store(ctx.cache_dir, sessions, ctx.scaled(*ORPHANS), guarded=True)
     result = scrape(store, ctx.runs_or(5, 5, 1))
     warm, peak = result["seconds"], int(result["peak_rss"])
-    return BenchResult(
+    return common.BenchResult(
         name="exporter-guarded-10m",
         row=f"{store.sessions:,}-session SQLite, guarded: warm /metrics",
         ours_seconds=warm, peak_rss_bytes=peak,
-        checks=[Check("warm", warm, WARM_LIMIT_SECONDS, "s"), Check.rss(peak, RSS_TARGET_MB)],
+        checks=[common.Check("warm", warm, WARM_LIMIT_SECONDS, "s"), common.Check.rss(peak, RSS_TARGET_MB)],
         extras={"store": store.describe(), "cold (first) scrape": f"{result['cold']:.2f} s",
                 "warm scrapes": _runs(result), "writes before each": str(WRITES_PER_SCRAPE)},
     )
 
 
-@register("exporter-unguarded-1m")
-def exporter_unguarded_1m(ctx: BenchContext) -> BenchResult:
+@common.register("exporter-unguarded-1m")
+def exporter_unguarded_1m(ctx: common.BenchContext) -> common.BenchResult:
     """Warm /metrics on the unguarded 1M-session store vs a full scan of it."""
     sessions = ctx.scaled(*UNGUARDED_SESSIONS, least=100)
     store = ensure_store(ctx.cache_dir, sessions, ctx.scaled(*ORPHANS))
     runs = ctx.runs_or(3, 5, 1)
 
     def full(child: str = "ours-full") -> float:
-        out = run_child("bench.sqlite_scan", child, store.path, repr(time.time()))
+        out = common.run_child("bench.sqlite_scan", child, store.path, repr(time.time()))
         if out["candidates"] != store.orphans:
-            raise BenchError(f"the full scan found {out['candidates']} candidates; the store holds {store.orphans}")
+            raise common.BenchError(f"the full scan found {out['candidates']} candidates; "
+                                    f"the store holds {store.orphans}")
         return float(out["seconds"])
 
     full()  # warm-up: the page cache
     full_runs = [full() for _ in range(runs)]
     candidates_runs = [full("ours") for _ in range(runs)]
     result = scrape(store, ctx.runs_or(5, 5, 1))
-    warm, full_s = result["seconds"], median(full_runs)
-    return BenchResult(
-        name="exporter-unguarded-1m",
-        row=f"exporter warm /metrics, unguarded {store.sessions:,}-session SQLite / a full scan",
-        ours_seconds=warm, baseline_seconds=full_s, peak_rss_bytes=int(result["peak_rss"]),
-        checks=[Check.ratio(warm / full_s, UNGUARDED_TARGET)],
+    warm, full_s = result["seconds"], common.median(full_runs)
+    return common.ratio_result(
+        "exporter-unguarded-1m", f"exporter warm /metrics, unguarded {store.sessions:,}-session SQLite / a full scan",
+        warm, full_s, UNGUARDED_TARGET, peak_rss=int(result["peak_rss"]),
         extras={"store": store.describe(), "cold (first) scrape": f"{result['cold']:.2f} s",
                 "warm scrapes": _runs(result), "full scans": "/".join(f"{s:.2f}" for s in full_runs) + " s",
                 "candidates reads (the scan's)": "/".join(f"{s:.2f}" for s in candidates_runs) + " s",

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchContext, BenchError, BenchResult, Check, child_env, emit, median, register
+from bench import common
 from bench.guard_throughput import upstream_python
 
 MODULE = "bench.guard_fence"
@@ -76,7 +76,7 @@ def _child_estimate(worker_url: str, calls: int) -> dict[str, Any]:
     deadline = time.monotonic() + 30
     while not server.started:
         if time.monotonic() > deadline:
-            raise BenchError("the gateway did not start")
+            raise common.BenchError("the gateway did not start")
         time.sleep(0.05)
 
     async def load() -> None:
@@ -107,15 +107,10 @@ def _child_estimate(worker_url: str, calls: int) -> dict[str, Any]:
     return {kind: [round(v * 1000, 4) for v in values] for kind, values in margins.items()}
 
 
-def child_main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[0] == "estimate":
-        emit(_child_estimate(argv[1], int(argv[2])))
-        return 0
-    print("usage: python -m bench.guard_fence estimate WORKER_URL CALLS", file=sys.stderr)
-    return 2
+child_main = common.children(MODULE, "estimate WORKER_URL CALLS", [("estimate", _child_estimate, (str, int))])
 
 
-def measure_estimate(ctx: BenchContext, flavour: str) -> BenchResult:
+def measure_estimate(ctx: common.BenchContext, flavour: str) -> common.BenchResult:
     import json
 
     from gatewayscope.sandbox.processes import start_stub_worker
@@ -124,24 +119,24 @@ def measure_estimate(ctx: BenchContext, flavour: str) -> BenchResult:
     row = f"the SQLite guard's dispatch estimate minus the request's arrival (ms), {flavour}"
     python = sys.executable if flavour == "0.1.0" else upstream_python()
     if python is None:
-        return BenchResult(name=name, row=row, error="the upstream gateway is not installed (run make upstream)")
+        return common.BenchResult(name=name, row=row, error="the upstream gateway is not installed (run make upstream)")
     calls = CALLS[ctx.size]
     begin = time.monotonic()
     with start_stub_worker() as worker:
         done = subprocess.run([python, "-m", MODULE, "estimate", worker.url, str(calls)], capture_output=True,
-                              text=True, timeout=900, env=child_env(), check=False)
+                              text=True, timeout=900, env=common.child_env(), check=False)
     seconds = time.monotonic() - begin
     if done.returncode != 0:
-        raise BenchError(f"{MODULE} estimate exited with {done.returncode}: {done.stderr[-1500:]}")
+        raise common.BenchError(f"{MODULE} estimate exited with {done.returncode}: {done.stderr[-1500:]}")
     margins: dict[str, list[float]] = json.loads([ln for ln in done.stdout.splitlines() if ln.startswith("{")][-1])
     if any(len(values) < calls for values in margins.values()):
-        raise BenchError(f"only {', '.join(f'{len(v)} {k}' for k, v in margins.items())} traces were measured")
+        raise common.BenchError(f"only {', '.join(f'{len(v)} {k}' for k, v in margins.items())} traces were measured")
     every = [v for values in margins.values() for v in values]
     extras = {kind: (f"p50 {_percentile(values, 0.5):.2f}, p99 {_percentile(values, 0.99):.2f}, "
                      f"max {max(values):.2f}, min {min(values):.3f}") for kind, values in margins.items()}
     extras["load"] = f"{calls} plain and {calls} streaming calls, {DELAY_SECONDS * 1000:.0f} ms at the worker each"
-    return BenchResult(name=name, row=row, ours_seconds=seconds,
-                       checks=[Check("min", min(every), 0.0, "ms", at_least=True)], extras=extras)
+    return common.BenchResult(name=name, row=row, ours_seconds=seconds,
+                              checks=[common.Check("min", min(every), 0.0, "ms", at_least=True)], extras=extras)
 
 
 def _start(env: dict[str, str]) -> float:
@@ -149,12 +144,12 @@ def _start(env: dict[str, str]) -> float:
     done = subprocess.run([sys.executable, "-c", "pass"], env=env, capture_output=True, timeout=60, check=False)
     seconds = time.monotonic() - begin
     if done.returncode != 0 or done.stderr:
-        raise BenchError(f"python -c pass failed ({done.returncode}): {done.stderr[-500:]!r}")
+        raise common.BenchError(f"python -c pass failed ({done.returncode}): {done.stderr[-500:]!r}")
     return seconds
 
 
-@register("guard-run-startup")
-def guard_run_startup(ctx: BenchContext) -> BenchResult:
+@common.register("guard-run-startup")
+def guard_run_startup(ctx: common.BenchContext) -> common.BenchResult:
     """``python -c pass`` under guard run's hook vs plain."""
     import tempfile
 
@@ -167,20 +162,15 @@ def guard_run_startup(ctx: BenchContext) -> BenchResult:
         plain_env["PYTHONPYCACHEPREFIX"] = pycache
         hooked_env = {**plain_env, "PYTHONPATH": str(HOOK), "GATEWAYSCOPE_GUARD_ATTACH": "1"}
         _start(plain_env), _start(hooked_env)
-        ours: list[float] = []
-        bare: list[float] = []
-        for i in range(runs):
-            for env in ((hooked_env, plain_env) if i % 2 == 0 else (plain_env, hooked_env)):
-                (ours if env is hooked_env else bare).append(_start(env))
-    ours_s, bare_s = median(ours), median(bare)
-    return BenchResult(name="guard-run-startup", row="python -c pass under guard run's hook / without it",
-                       ours_seconds=ours_s, baseline_seconds=bare_s,
-                       checks=[Check.ratio(ours_s / bare_s, STARTUP_TARGET)],
-                       extras={"runs": f"{runs} a side, medians {ours_s * 1000:.1f} ms / {bare_s * 1000:.1f} ms"})
+        ours, bare = common.alternate(runs, functools.partial(_start, hooked_env), functools.partial(_start, plain_env))
+    ours_s, bare_s = common.median(ours), common.median(bare)
+    return common.ratio_result(
+        "guard-run-startup", "python -c pass under guard run's hook / without it", ours_s, bare_s, STARTUP_TARGET,
+        extras={"runs": f"{runs} a side, medians {ours_s * 1000:.1f} ms / {bare_s * 1000:.1f} ms"})
 
 
 for _flavour in ("0.1.0", "upstream"):
-    register(f"dispatch-estimate-{_flavour}")(functools.partial(measure_estimate, flavour=_flavour))
+    common.register(f"dispatch-estimate-{_flavour}")(functools.partial(measure_estimate, flavour=_flavour))
 
 
 if __name__ == "__main__":

@@ -23,14 +23,13 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from bench import common
 from bench._stores import SlimStore, ensure_store
-from bench.common import BenchContext, BenchError, BenchResult, Check, emit, median, peak_rss_bytes, register, run_child
 
 MODULE = "bench.guard_install"
 NAME = "guard-install-under-load"
@@ -58,16 +57,11 @@ def _child_install(path: str) -> dict[str, Any]:
 
     started = time.monotonic()
     result = install(path, busy_timeout=30.0)
-    return {"seconds": time.monotonic() - started, "rss": peak_rss_bytes(), "changed": result.changed,
+    return {"seconds": time.monotonic() - started, "rss": common.peak_rss_bytes(), "changed": result.changed,
             "started": started}
 
 
-def child_main(argv: Sequence[str]) -> int:
-    if len(argv) == 2 and argv[0] == "install":
-        emit(_child_install(argv[1]))
-        return 0
-    print("usage: python -m bench.guard_install install PATH", file=sys.stderr)
-    return 2
+child_main = common.children(MODULE, "install PATH", [("install", _child_install, (str,))])
 
 
 # -- the load ---------------------------------------------------------------------------------------
@@ -115,7 +109,7 @@ class Load:
         deadline = time.monotonic() + LOAD_BOUND
         while self.calls < calls:  # bounded by the deadline
             if time.monotonic() > deadline:
-                raise BenchError(f"the load stalled at {self.calls} answered calls")
+                raise common.BenchError(f"the load stalled at {self.calls} answered calls")
             time.sleep(0.05)
 
 
@@ -171,7 +165,7 @@ def _loaded_run(copy: Path) -> LoadedRun:
         try:
             load.wait_for(CALLS_BEFORE)
             before = load.calls
-            result = run_child(MODULE, "install", str(copy), timeout=INSTALL_BOUND)
+            result = common.run_child(MODULE, "install", str(copy), timeout=INSTALL_BOUND)
             during = load.calls - before
             load.wait_for(load.calls + CALLS_AFTER)
         finally:
@@ -187,8 +181,8 @@ def _loaded_run(copy: Path) -> LoadedRun:
                      lock_errors=log.count("database is locked") + log.count("Failed to persist trace"))
 
 
-@register(NAME)
-def guard_install_under_load(ctx: BenchContext) -> BenchResult:
+@common.register(NAME)
+def guard_install_under_load(ctx: common.BenchContext) -> common.BenchResult:
     sessions = ctx.scaled(10_000_000, 100_000, 2_000, least=1_000)
     fixture: SlimStore = ensure_store(ctx.cache_dir, sessions, max(1, sessions // 100))
     runs = ctx.runs_or(1, 2, 1)
@@ -202,21 +196,20 @@ def guard_install_under_load(ctx: BenchContext) -> BenchResult:
                 loaded.append(_loaded_run(copy))
             idle_copy = Path(tmp) / "idle.db"
             shutil.copyfile(fixture.path, idle_copy)
-            idle.append(run_child(MODULE, "install", str(idle_copy), timeout=INSTALL_BOUND))
+            idle.append(common.run_child(MODULE, "install", str(idle_copy), timeout=INSTALL_BOUND))
             idle_copy.unlink()
             if i % 2 == 1:
                 loaded.append(_loaded_run(copy))
             copy.unlink(missing_ok=True)
-    ours = median([run.install["seconds"] for run in loaded])
-    bare = median([run["seconds"] for run in idle])
+    ours = common.median([run.install["seconds"] for run in loaded])
+    bare = common.median([run["seconds"] for run in idle])
     lost = sum(run.lost for run in loaded)
     lock_errors = sum(run.lock_errors for run in loaded)
     failures = sum(run.failures for run in loaded)
-    return BenchResult(
-        name=NAME, row=ROW, ours_seconds=ours, baseline_seconds=bare,
-        peak_rss_bytes=max(int(run.install["rss"]) for run in loaded),
-        checks=[Check.ratio(ours / bare, RATIO_TARGET), Check("lost", float(lost), 0.0),
-                Check("lock errors", float(lock_errors + failures), 0.0)],
+    return common.ratio_result(
+        NAME, ROW, ours, bare, RATIO_TARGET, peak_rss=max(int(run.install["rss"]) for run in loaded),
+        checks=[common.Check("lost", float(lost), 0.0),
+                common.Check("lock errors", float(lock_errors + failures), 0.0)],
         extras={"store": fixture.describe(),
                 "load": f"{WRITERS} writers through the real 0.1.0 gateway, "
                         + ", ".join(f"{run.during} calls answered during install" for run in loaded),

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO_ROOT, BenchContext, BenchError, BenchResult, Check, emit, register, run_child
+from bench.common import REPO_ROOT, BenchContext, BenchError, BenchResult, Check, children, register, run_child
 
 MODULE = "bench.guard_throughput"
 #: calls per run, warm-up calls, connections
@@ -78,13 +78,7 @@ def _child_load(port: int, calls: int, concurrency: int, tag: str) -> dict[str, 
     return {"seconds": seconds, "latencies": [round(value, 6) for value in latencies]}
 
 
-def child_main(argv: Sequence[str]) -> int:
-    if len(argv) == 5 and argv[0] == "load":
-        emit(_child_load(int(argv[1]), int(argv[2]), int(argv[3]), argv[4]))
-    else:
-        print("usage: python -m bench.guard_throughput load PORT CALLS CONCURRENCY TAG", file=sys.stderr)
-        return 2
-    return 0
+child_main = children(MODULE, "load PORT CALLS CONCURRENCY TAG", [("load", _child_load, (int, int, int, str))])
 
 
 # -- the gateways -----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any
 
-from bench.common import BenchContext, BenchError, BenchResult, Check, child_env, register
+from bench.common import BenchContext, BenchError, BenchResult, child_env, ratio_result, register
 
 NAME = "heal-gateway-share"
 #: sessions in the store (a tenth of them orphans), the scrape (and heal) interval, each measured window
@@ -140,10 +140,9 @@ def heal_gateway_share(ctx: BenchContext) -> BenchResult:
     passes = _metric(last, "gatewayscope_heal_passes_total")
     deleted = _metric(last, "gatewayscope_heal_actions_total", 'kind="session_delete"', 'outcome="done"')
     idle_p95, during_p95 = p95(idle), p95(during)
-    return BenchResult(
-        name=NAME, row=f"exporter + heal on a {n_sessions:,}-session 0.1.0 memory store: agent chat p95 during / idle",
-        ours_seconds=during_p95, baseline_seconds=idle_p95,
-        checks=[Check.ratio(during_p95 / idle_p95, P95_TARGET)],
+    return ratio_result(
+        NAME, f"exporter + heal on a {n_sessions:,}-session 0.1.0 memory store: agent chat p95 during / idle",
+        during_p95, idle_p95, P95_TARGET,
         extras={
             "store": f"{n_sessions:,} sessions ({len(orphans):,} one-trace orphans), built through the chat route "
                      f"in {built:.0f} s",

@@ -20,20 +20,9 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from typing import Any
 
-from bench.common import (
-    BenchContext,
-    BenchError,
-    BenchResult,
-    Check,
-    emit,
-    median,
-    peak_rss_bytes,
-    register,
-    run_child,
-)
+from bench import common
 
 NAME = "heal-pass"
 MODULE = "bench.heal_pass"
@@ -61,8 +50,8 @@ def _child_ours(url: str, state_dir: str) -> dict[str, Any]:
     report = loop.run_pass()
     seconds = time.monotonic() - start
     if report.error:
-        raise BenchError(f"the heal pass failed: {report.error}")
-    return {"seconds": seconds, "peak_rss": peak_rss_bytes(), "would": len(report.would),
+        raise common.BenchError(f"the heal pass failed: {report.error}")
+    return {"seconds": seconds, "peak_rss": common.peak_rss_bytes(), "would": len(report.would),
             "deferred": len(report.deferred), "result": report.result}
 
 
@@ -77,22 +66,17 @@ def _child_bare(url: str) -> dict[str, Any]:
     start = time.monotonic()
     found = findings(take_snapshot(config), config)
     seconds = time.monotonic() - start
-    return {"seconds": seconds, "peak_rss": peak_rss_bytes(), "records": found.records.height}
+    return {"seconds": seconds, "peak_rss": common.peak_rss_bytes(), "records": found.records.height}
 
 
-def child_main(argv: Sequence[str]) -> int:
-    if len(argv) == 3 and argv[0] == "ours":
-        emit(_child_ours(argv[1], argv[2]))
-    elif len(argv) == 2 and argv[0] == "bare":
-        emit(_child_bare(argv[1]))
-    else:
-        print("usage: python -m bench.heal_pass ours URL STATE_DIR | bare URL", file=sys.stderr)
-        return 2
-    return 0
+child_main = common.children(MODULE, "ours URL STATE_DIR | bare URL", [
+    ("ours", _child_ours, (str, str)),
+    ("bare", _child_bare, (str,)),
+])
 
 
-@register(NAME)
-def heal_pass(ctx: BenchContext) -> BenchResult:
+@common.register(NAME)
+def heal_pass(ctx: common.BenchContext) -> common.BenchResult:
     """A dry-run heal pass (read for a plan, findings, plan, caps, re-reads, journal) vs a bare scan + findings."""
     from bench._support import run_emulator
 
@@ -101,36 +85,29 @@ def heal_pass(ctx: BenchContext) -> BenchResult:
     with tempfile.TemporaryDirectory(prefix="gatewayscope-bench-heal-") as state, run_emulator(n_records) as emulator:
 
         def ours() -> dict[str, Any]:
-            result = run_child(MODULE, "ours", emulator.url, state)
+            result = common.run_child(MODULE, "ours", emulator.url, state)
             if result["result"] != "ok" or not result["would"]:
-                raise BenchError(f"the heal pass planned nothing: {result}")
+                raise common.BenchError(f"the heal pass planned nothing: {result}")
             return result
 
         def bare() -> dict[str, Any]:
-            result = run_child(MODULE, "bare", emulator.url)
+            result = common.run_child(MODULE, "bare", emulator.url)
             if result["records"] != n_records:
-                raise BenchError(f"the scan read {result['records']} records, not {n_records}")
+                raise common.BenchError(f"the scan read {result['records']} records, not {n_records}")
             return result
 
         bare(), ours()  # warm-up pair, not counted
-        ours_runs: list[dict[str, Any]] = []
-        bare_runs: list[dict[str, Any]] = []
-        for i in range(runs):
-            for side in ((bare, ours) if i % 2 == 0 else (ours, bare)):
-                (ours_runs if side is ours else bare_runs).append(side())
-    ours_s = median([r["seconds"] for r in ours_runs])
-    bare_s = median([r["seconds"] for r in bare_runs])
+        bare_runs, ours_runs = common.alternate(runs, bare, ours)
+    ours_s, bare_s = common.median_seconds(ours_runs), common.median_seconds(bare_runs)
     first = ours_runs[0]
-    return BenchResult(
-        name=NAME, row=f"heal pass (dry-run), Bifrost {n_records:,} records: pass / bare scan + findings",
-        ours_seconds=ours_s, baseline_seconds=bare_s, peak_rss_bytes=max(r["peak_rss"] for r in ours_runs),
-        checks=[Check.ratio(ours_s / bare_s, RATIO_TARGET)],
+    return common.ratio_result(
+        NAME, f"heal pass (dry-run), Bifrost {n_records:,} records: pass / bare scan + findings",
+        ours_s, bare_s, RATIO_TARGET, peak_rss=common.peak_of(ours_runs),
         extras={
             "store": f"{n_records:,} records in the emulator (own process)",
             "pass": f"{first['would']:,} actions re-read (would write), {first['deferred']:,} deferred by the "
                     "caps (200 a pass, 100 a target)",
-            "runs": f"{runs} (ours " + "/".join(f"{r['seconds'] * 1000:.0f}" for r in ours_runs)
-                    + ", bare " + "/".join(f"{r['seconds'] * 1000:.0f}" for r in bare_runs) + " ms)",
+            "runs": common.runs_figure(runs, ours_runs, bare_runs, ms=True),
         },
     )
 

@@ -30,22 +30,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    BenchContext,
-    BenchError,
-    BenchResult,
-    Check,
-    current_rss_bytes,
-    emit,
-    peak_rss_bytes,
-    register,
-    run_child,
-)
+from bench import common
 
 NAME = "memory-store-scan"
 GUARDED_NAME = "memory-store-scan-guarded"
@@ -73,12 +63,12 @@ def _child_ours(url: str, now: float) -> dict[str, Any]:
     orphans = find_orphans(data, policy, now)
     summary = trace_store_summary(data, orphans, now)
     seconds = time.monotonic() - start
-    return {"seconds": seconds, "peak_rss": peak_rss_bytes(), "sessions": summary["sessions"],
+    return {"seconds": seconds, "peak_rss": common.peak_rss_bytes(), "sessions": summary["sessions"],
             "suspected": summary["orphans"]["suspected"], "candidates": data.candidate_traces.height,
-            "rss_imported": current_rss_bytes()}
+            "rss_imported": common.current_rss_bytes()}
 
 
-def _child_bare(url: str, ids_file: str | None) -> dict[str, Any]:
+def _child_bare(url: str, ids_file: str | None = None) -> dict[str, Any]:
     import httpx
 
     ids = json.loads(Path(ids_file).read_text()) if ids_file else None
@@ -89,22 +79,18 @@ def _child_bare(url: str, ids_file: str | None) -> dict[str, Any]:
         if ids is not None:
             traces = json.loads(client.post(f"{url}/traces/query", json={"session_ids": ids}).content)
     seconds = time.monotonic() - start
-    return {"seconds": seconds, "peak_rss": peak_rss_bytes(), "sessions": len(rows), "traces": len(traces)}
+    return {"seconds": seconds, "peak_rss": common.peak_rss_bytes(), "sessions": len(rows), "traces": len(traces)}
 
 
-def child_main(argv: Sequence[str]) -> int:
-    if len(argv) == 3 and argv[0] == "ours":
-        emit(_child_ours(argv[1], float(argv[2])))
-    elif len(argv) in (2, 3) and argv[0] == "bare":
-        emit(_child_bare(argv[1], argv[2] if len(argv) == 3 else None))
-    else:
-        print("usage: python -m bench.memory_scan ours URL NOW | bare URL [IDS_FILE]", file=sys.stderr)
-        return 2
-    return 0
+child_main = common.children(MODULE, "ours URL NOW | bare URL [IDS_FILE]", [
+    ("ours", _child_ours, (str, float)),
+    ("bare", _child_bare, (str,)),
+    ("bare", _child_bare, (str, str)),
+])
 
 
-def measure(ctx: BenchContext, name: str, row: str, launch: Callable[[], AbstractContextManager[Any]], *,
-            query_candidates: bool, target: float) -> BenchResult:
+def measure(ctx: common.BenchContext, name: str, row: str, launch: Callable[[], AbstractContextManager[Any]], *,
+            query_candidates: bool, target: float) -> common.BenchResult:
     """Fill the gateway ``launch`` starts, then alternate our scan and the bare baseline against it."""
     from bench._support import fill_sessions, rollout_uid
 
@@ -126,26 +112,22 @@ def measure(ctx: BenchContext, name: str, row: str, launch: Callable[[], Abstrac
         now = orphans_done + IDLE + 1.0
 
         def ours() -> dict[str, Any]:
-            result = run_child(MODULE, "ours", gateway.url, repr(now))
+            result = common.run_child(MODULE, "ours", gateway.url, repr(now))
             if result["sessions"] != n_sessions or result["suspected"] != n_orphans:
-                raise BenchError(f"our scan found {result['sessions']} sessions and {result['suspected']} orphans; "
-                                 f"the store holds {n_sessions} and {n_orphans}")
+                raise common.BenchError(f"our scan found {result['sessions']} sessions and {result['suspected']} "
+                                        f"orphans; the store holds {n_sessions} and {n_orphans}")
             return result
 
         def bare() -> dict[str, Any]:
-            result = run_child(MODULE, "bare", *bare_args)
+            result = common.run_child(MODULE, "bare", *bare_args)
             if result["sessions"] != n_sessions or result["traces"] != (n_orphans if query_candidates else 0):
-                raise BenchError(f"the bare reads returned {result['sessions']} sessions and {result['traces']} "
-                                 f"traces, not {n_sessions} and {n_orphans if query_candidates else 0}")
+                raise common.BenchError(f"the bare reads returned {result['sessions']} sessions and {result['traces']} "
+                                        f"traces, not {n_sessions} and {n_orphans if query_candidates else 0}")
             return result
 
         bare(), ours()  # warm-up pair (the gateway's first big listing), not counted
         summarized = None if query_candidates else _summarized(gateway.url, now)
-        ours_runs: list[dict[str, Any]] = []
-        bare_runs: list[dict[str, Any]] = []
-        for i in range(runs):
-            for side in ((bare, ours) if i % 2 == 0 else (ours, bare)):
-                (ours_runs if side is ours else bare_runs).append(side())
+        bare_runs, ours_runs = common.alternate(runs, bare, ours)
     # means, not medians: the gateway pauses for a generation-2 collection of its heap on about every other
     # big listing, whoever asks, and a pause can outlast a whole pause-free scan, so each side's times are
     # bimodal and a median picks a mode by luck; a mean over many alternating runs shares the pauses out
@@ -156,19 +138,16 @@ def measure(ctx: BenchContext, name: str, row: str, launch: Callable[[], Abstrac
     best_ours, best_bare = min(r["seconds"] for r in ours_runs), min(r["seconds"] for r in bare_runs)
     paused_ours = sum(r["seconds"] > PAUSED * best_ours for r in ours_runs)
     paused_bare = sum(r["seconds"] > PAUSED * best_bare for r in bare_runs)
-    peak = max(r["peak_rss"] for r in ours_runs)
-    return BenchResult(
-        name=name, row=row.format(sessions=n_sessions), ours_seconds=ours_s, baseline_seconds=bare_s,
-        peak_rss_bytes=peak, checks=[Check.ratio(ours_s / bare_s, target)],
+    return common.ratio_result(
+        name, row.format(sessions=n_sessions), ours_s, bare_s, target, peak_rss=common.peak_of(ours_runs),
         extras={
             "store": f"{n_sessions:,} sessions ({n_orphans:,} orphans), built through the gateway's chat route "
                      f"in {built:.0f} s ({n_sessions / built:,.0f} calls/s)",
-            "runs": f"{runs} (ours " + "/".join(f"{r['seconds']:.2f}" for r in ours_runs)
-                    + ", bare " + "/".join(f"{r['seconds']:.2f}" for r in bare_runs) + " s)",
+            "runs": common.runs_figure(runs, ours_runs, bare_runs),
             "means of runs": f"best run ours {best_ours:.2f} s, bare {best_bare:.2f} s, "
                              f"{best_ours / best_bare:.2f}x",
             "runs with a gateway GC pause": f"ours {paused_ours}/{runs}, bare {paused_bare}/{runs}",
-            "bare peak RSS": f"{max(r['peak_rss'] for r in bare_runs) / 2**20:.0f} MB",
+            "bare peak RSS": f"{common.peak_of(bare_runs) / 2**20:.0f} MB",
             "candidates read": f"{ours_runs[0]['candidates']:,}",
             **({} if summarized is None else {"candidates the launcher summarized": f"{summarized:,}"}),
         },
@@ -192,8 +171,8 @@ def _summarized(url: str, now: float) -> int:
     return count
 
 
-@register(NAME)
-def memory_store_scan(ctx: BenchContext) -> BenchResult:
+@common.register(NAME)
+def memory_store_scan(ctx: common.BenchContext) -> common.BenchResult:
     """Our REST scan of the unguarded 0.1.0 gateway vs its floor: the bare listing + the candidates' traces."""
     from bench._support import run_gateway
 
@@ -201,8 +180,8 @@ def memory_store_scan(ctx: BenchContext) -> BenchResult:
                    "bare trace query of the candidates)", run_gateway, query_candidates=True, target=RATIO_TARGET)
 
 
-@register(GUARDED_NAME)
-def memory_store_scan_guarded(ctx: BenchContext) -> BenchResult:
+@common.register(GUARDED_NAME)
+def memory_store_scan_guarded(ctx: common.BenchContext) -> common.BenchResult:
     """Our REST scan of a memory store behind the guarded launcher vs a bare GET /sessions + parse."""
     from bench._support import run_guarded_gateway
 

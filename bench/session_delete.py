@@ -33,17 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench.common import (
-    BenchContext,
-    BenchError,
-    BenchResult,
-    Check,
-    emit,
-    median,
-    peak_rss_bytes,
-    register,
-    run_child,
-)
+from bench import common
 
 NAME = "orphan-session-delete"
 MODULE = "bench.session_delete"
@@ -72,7 +62,7 @@ def _child_plan(url: str, ids_path: str, out: str) -> dict[str, Any]:
     config = _config(url)
     snapshot = take_snapshot(config, also_sessions=ids)
     if not snapshot.targets[0].up:
-        raise BenchError(f"the scan failed: {snapshot.targets[0].error}")
+        raise common.BenchError(f"the scan failed: {snapshot.targets[0].error}")
     plan = build_plan(snapshot, config, only=["session_delete"], deleted_ids=ids)
     plan.save(out)
     return {"actions": len(plan.actions), "warnings": plan.warnings}
@@ -91,19 +81,14 @@ def _child_ours(url: str, plan_path: str, journal_path: str, ids_path: str) -> d
     start = time.monotonic()
     report = apply_plan(plan, _config(url), options=options, journal=Journal(journal_path), deleted_ids=deleted)
     seconds = time.monotonic() - start
-    return {"seconds": seconds, "start": start, "end": start + seconds, "peak_rss": peak_rss_bytes(),
+    return {"seconds": seconds, "start": start, "end": start + seconds, "peak_rss": common.peak_rss_bytes(),
             "tally": report.tally()}
 
 
-def child_main(argv: Sequence[str]) -> int:
-    if len(argv) == 4 and argv[0] == "plan":
-        emit(_child_plan(argv[1], argv[2], argv[3]))
-    elif len(argv) == 5 and argv[0] == "ours":
-        emit(_child_ours(argv[1], argv[2], argv[3], argv[4]))
-    else:
-        print("usage: python -m bench.session_delete plan URL IDS OUT | ours URL PLAN JOURNAL IDS", file=sys.stderr)
-        return 2
-    return 0
+child_main = common.children(MODULE, "plan URL IDS OUT | ours URL PLAN JOURNAL IDS", [
+    ("plan", _child_plan, (str, str, str)),
+    ("ours", _child_ours, (str, str, str, str)),
+])
 
 
 async def _bare_deletes(port: int, ids: Sequence[str]) -> list[float]:
@@ -117,7 +102,7 @@ async def _bare_deletes(port: int, ids: Sequence[str]) -> list[float]:
             status, body = await conn.request("DELETE", f"/sessions/{sid}")
             times.append(time.monotonic() - start)
             if status != 200 or json.loads(body).get("deleted") != 1:
-                raise BenchError(f"DELETE /sessions/{sid} answered {status} {body[:100]!r}")
+                raise common.BenchError(f"DELETE /sessions/{sid} answered {status} {body[:100]!r}")
     finally:
         conn.close()
     return times
@@ -127,8 +112,8 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.1f} ms"
 
 
-@register(NAME)
-def orphan_session_delete(ctx: BenchContext) -> BenchResult:
+@common.register(NAME)
+def orphan_session_delete(ctx: common.BenchContext) -> common.BenchResult:
     """apply's orphan deletes vs bare sequential DELETEs, and what an agent's chat call feels meanwhile."""
     from bench._support import (
         count_sessions,
@@ -177,20 +162,20 @@ def orphan_session_delete(ctx: BenchContext) -> BenchResult:
                 # after its one trace was written
                 deleted_at = time.time()
                 json.dump({sid: deleted_at for sid in ours_ids}, handle)
-            planned = run_child(MODULE, "plan", gateway.url, ids_path, plan_path)
+            planned = common.run_child(MODULE, "plan", gateway.url, ids_path, plan_path)
             if planned["actions"] != len(ours_ids):
-                raise BenchError(f"the plan has {planned['actions']} deletes, not {len(ours_ids)}")
+                raise common.BenchError(f"the plan has {planned['actions']} deletes, not {len(ours_ids)}")
             warnings = planned["warnings"]
 
             def ours(pair: int = pair, plan_path: str = plan_path, n: int = len(ours_ids),
                      ids_path: str = ids_path) -> None:
                 started = probes()
                 time.sleep(1.0)  # the probes' first calls
-                result = run_child(MODULE, "ours", gateway.url, plan_path, os.path.join(tmp, f"journal-{pair}"),
-                                   ids_path)
+                result = common.run_child(MODULE, "ours", gateway.url, plan_path,
+                                          os.path.join(tmp, f"journal-{pair}"), ids_path)
                 collect(started, "ours", (result["start"], result["end"]))
                 if result["tally"]["done"] != n:
-                    raise BenchError(f"apply did not delete every orphan: {result['tally']}")
+                    raise common.BenchError(f"apply did not delete every orphan: {result['tally']}")
                 ours_runs.append(result)
 
             def bare(ids: list[str] = bare_ids) -> None:
@@ -204,17 +189,15 @@ def orphan_session_delete(ctx: BenchContext) -> BenchResult:
     agent_idle, agent_ours = p95(agent["idle"]), p95(agent["ours"])
     instant_idle, instant_ours = p95(instant["idle"]), p95(instant["ours"])
     pace = [w for w in warnings if "session(s)" in w]
-    return BenchResult(
-        name=NAME, row="orphan delete, 10,000 paced deletes / bare sequential DELETEs",
-        ours_seconds=ours_s, baseline_seconds=bare_s,
-        peak_rss_bytes=max(r["peak_rss"] for r in ours_runs),
-        checks=[Check.ratio(ours_s / bare_s, TIME_TARGET),
-                Check("agent chat p95", agent_ours / agent_idle, P95_TARGET, "x")],
+    return common.ratio_result(
+        NAME, "orphan delete, 10,000 paced deletes / bare sequential DELETEs", ours_s, bare_s, TIME_TARGET,
+        peak_rss=common.peak_of(ours_runs),
+        checks=[common.Check("agent chat p95", agent_ours / agent_idle, P95_TARGET, "x")],
         extras={
             "store": f"{n_sessions:,} sessions with {n_orphans:,} orphans, built through the chat route in "
                      f"{built:.0f} s; {2 * pairs * per_side:,} deleted ({pairs} chunk pairs of {per_side:,} a side), "
                      f"{left:,} sessions left (the probes' own included)",
-            "bare DELETE": f"median {_ms(median(bare_times))}, max {_ms(max(bare_times))}",
+            "bare DELETE": f"median {_ms(common.median(bare_times))}, max {_ms(max(bare_times))}",
             "agent chat (50 ms generation) p95": f"idle {_ms(agent_idle)}, during ours {_ms(agent_ours)} "
                                                  f"({len(agent['ours'])} calls)",
             "instant chat p95 (gateway overhead only)": f"idle {_ms(instant_idle)}, during ours {_ms(instant_ours)} "

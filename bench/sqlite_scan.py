@@ -31,6 +31,7 @@ Children: ``python -m bench.sqlite_scan ours|ours-full|baseline|writer ...`` (us
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -47,20 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from bench.common import (
-    BenchContext,
-    BenchError,
-    BenchResult,
-    Check,
-    child_command,
-    child_env,
-    current_rss_bytes,
-    emit,
-    median,
-    peak_rss_bytes,
-    register,
-    run_child,
-)
+from bench import common
 
 NAME = "sqlite-scan"
 MODULE = "bench.sqlite_scan"
@@ -305,8 +293,8 @@ def ensure_store(cache_dir: Path, n_sessions: int, n_traces: int) -> tuple[Store
     need = n_traces * 2600
     free = shutil.disk_usage(cache_dir).free
     if free < need:
-        raise BenchError(f"{cache_dir} has {free / 1e9:.1f} GB free; the store needs about {need / 1e9:.1f} GB. "
-                         "Free some space or pass --cache-dir elsewhere.")
+        raise common.BenchError(f"{cache_dir} has {free / 1e9:.1f} GB free; the store needs about {need / 1e9:.1f} GB. "
+                                "Free some space or pass --cache-dir elsewhere.")
     building = cache_dir / f"{stem}.{os.getpid()}.building"
     started = time.monotonic()
     try:
@@ -357,14 +345,14 @@ class GatewayWriter:
 
     def __enter__(self) -> GatewayWriter:
         self._stderr = tempfile.TemporaryFile(mode="w+")
-        self._proc = subprocess.Popen(child_command(MODULE, "writer", self.path, str(self.max_seconds)),
-                                      stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=child_env())
+        self._proc = subprocess.Popen(common.child_command(MODULE, "writer", self.path, str(self.max_seconds)),
+                                      stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=common.child_env())
         assert self._proc.stdout is not None
         ready, _, _ = select.select([self._proc.stdout], [], [], 60.0)
         line = self._proc.stdout.readline().strip() if ready else ""
         if line != "ready":
             self._close()
-            raise BenchError(f"the writer did not start: {line or 'no answer in 60 s'} {self._errors()}")
+            raise common.BenchError(f"the writer did not start: {line or 'no answer in 60 s'} {self._errors()}")
         return self
 
     def _errors(self) -> str:
@@ -380,10 +368,10 @@ class GatewayWriter:
         try:
             out, _ = self._proc.communicate(timeout=120.0)
         except subprocess.TimeoutExpired:
-            raise BenchError("the writer did not stop within 120 s") from None
+            raise common.BenchError("the writer did not stop within 120 s") from None
         lines = [line for line in out.splitlines() if line.startswith("{")]
         if self._proc.returncode != 0 or not lines:
-            raise BenchError(f"the writer failed (exit {self._proc.returncode}): {self._errors()}")
+            raise common.BenchError(f"the writer failed (exit {self._proc.returncode}): {self._errors()}")
         return [(float(t0), float(wait)) for t0, wait in json.loads(lines[-1])["commits"]]
 
     def _close(self) -> None:
@@ -414,11 +402,11 @@ def _child_ours(path: str, now: float, *, full: bool = False) -> dict[str, Any]:
     from gatewayscope.sources.rllm_sqlite import read_trace_store_sqlite
 
     target = Target(name="bench", kind="rllm", path=path)
-    rss_imported = current_rss_bytes()
+    rss_imported = common.current_rss_bytes()
     start = time.monotonic()
     data = read_trace_store_sqlite(target, Policy(), now=now, full=full)
     end = time.monotonic()
-    return {"start": start, "end": end, "seconds": end - start, "peak_rss": peak_rss_bytes(),
+    return {"start": start, "end": end, "seconds": end - start, "peak_rss": common.peak_rss_bytes(),
             "rss_imported": rss_imported, "sessions": data.session_count, "listed": data.sessions.height,
             "candidates": data.candidate_traces.height}
 
@@ -429,7 +417,7 @@ def _child_baseline(path: str) -> dict[str, Any]:
     rows = conn.execute(BARE_SQL).fetchall()
     conn.close()
     end = time.monotonic()
-    return {"start": start, "end": end, "seconds": end - start, "peak_rss": peak_rss_bytes(),
+    return {"start": start, "end": end, "seconds": end - start, "peak_rss": common.peak_rss_bytes(),
             "sessions": len(rows)}
 
 
@@ -475,19 +463,13 @@ def _child_writer(path: str, max_seconds: float) -> dict[str, Any]:
     return {"commits": asyncio.run(_write_like_the_gateway(path, max_seconds, stopping))}
 
 
-def child_main(argv: Sequence[str]) -> int:
-    """Entry point of the children: ``ours PATH NOW``, ``baseline PATH``, ``writer PATH MAX_SECONDS``."""
-    if len(argv) == 3 and argv[0] in ("ours", "ours-full"):
-        emit(_child_ours(argv[1], float(argv[2]), full=argv[0] == "ours-full"))
-    elif len(argv) == 2 and argv[0] == "baseline":
-        emit(_child_baseline(argv[1]))
-    elif len(argv) == 3 and argv[0] == "writer":
-        emit(_child_writer(argv[1], float(argv[2])))
-    else:
-        print("usage: python -m bench.sqlite_scan ours|ours-full PATH NOW | baseline PATH | writer PATH MAX_SECONDS",
-              file=sys.stderr)
-        return 2
-    return 0
+#: the children: ``ours PATH NOW``, ``baseline PATH``, ``writer PATH MAX_SECONDS``
+child_main = common.children(MODULE, "ours|ours-full PATH NOW | baseline PATH | writer PATH MAX_SECONDS", [
+    ("ours", _child_ours, (str, float)),
+    ("ours-full", functools.partial(_child_ours, full=True), (str, float)),
+    ("baseline", _child_baseline, (str,)),
+    ("writer", _child_writer, (str, float)),
+])
 
 
 # -- the benchmark --------------------------------------------------------------------------------
@@ -497,8 +479,8 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.0f} ms"
 
 
-@register(NAME, optional=True)
-def sqlite_scan(ctx: BenchContext) -> BenchResult:
+@common.register(NAME, optional=True)
+def sqlite_scan(ctx: common.BenchContext) -> common.BenchResult:
     """Our SQLite source vs the bare GROUP BY, both under a committing gateway writer."""
     n_sessions, n_traces = SIZES[ctx.size]
     runs = ctx.runs_or(3, 7, 1)
@@ -506,14 +488,14 @@ def sqlite_scan(ctx: BenchContext) -> BenchResult:
     remove_writer_rows(store.path)  # leftovers of an interrupted run
 
     def ours() -> dict[str, Any]:
-        result = run_child(MODULE, "ours", store.path, repr(store.now))
+        result = common.run_child(MODULE, "ours", store.path, repr(store.now))
         if result["candidates"] != store.expected_candidates or result["sessions"] < store.sessions:
-            raise BenchError(f"our scan read {result['sessions']} sessions and {result['candidates']} candidate "
-                             f"traces; the store holds {store.sessions} and {store.expected_candidates}")
+            raise common.BenchError(f"our scan read {result['sessions']} sessions and {result['candidates']} candidate "
+                                    f"traces; the store holds {store.sessions} and {store.expected_candidates}")
         return result
 
     def bare() -> dict[str, Any]:
-        return run_child(MODULE, "baseline", store.path)
+        return common.run_child(MODULE, "baseline", store.path)
 
     # no writer first: the first pair warms the OS page cache and is not counted
     bare(), ours()
@@ -523,16 +505,11 @@ def sqlite_scan(ctx: BenchContext) -> BenchResult:
         quiet_bare.append(bare()["seconds"])
         quiet_ours.append(ours()["seconds"])
 
-    ours_runs: list[dict[str, Any]] = []
-    bare_runs: list[dict[str, Any]] = []
     try:
         with GatewayWriter(store.path) as writer:
             alone = (time.monotonic(), time.monotonic() + SOLO_SECONDS)
             time.sleep(SOLO_SECONDS)  # the writer undisturbed: its own commit rate and wait
-            for i in range(runs):
-                for side in ((bare, ours) if i % 2 == 0 else (ours, bare)):
-                    (ours_runs if side is ours else bare_runs).append(side())
-                    time.sleep(0.2)
+            bare_runs, ours_runs = common.alternate(runs, bare, ours, pause=0.2)
             commits = writer.stop()
     finally:
         remove_writer_rows(store.path)
@@ -545,31 +522,25 @@ def sqlite_scan(ctx: BenchContext) -> BenchResult:
     worst_bare_wait = max(wait for wait, _ in bare_waits)
     solo_wait, solo_commits = longest_wait(commits, *alone)
     ours_rate = sum(n for _, n in ours_waits) / sum(r["seconds"] for r in ours_runs)
-    ours_s = median([r["seconds"] for r in ours_runs])
-    bare_s = median([r["seconds"] for r in bare_runs])
-    peak = max(r["peak_rss"] for r in ours_runs)
+    ours_s, bare_s = common.median_seconds(ours_runs), common.median_seconds(bare_runs)
+    peak = common.peak_of(ours_runs)
     all_waits = sorted(wait for _, wait in commits)
     size = f"{store.size_bytes / 1e9:.1f} GB" if store.size_bytes > 1e9 else f"{store.size_bytes / 1e6:.0f} MB"
-    return BenchResult(
-        name=NAME,
-        row="SQLite in-process scan under a committing gateway writer / bare GROUP BY",
-        ours_seconds=ours_s,
-        baseline_seconds=bare_s,
-        peak_rss_bytes=peak,
-        checks=[Check.ratio(ours_s / bare_s, RATIO_TARGET), Check.rss(peak, RSS_TARGET_MB),
-                Check("writer wait", worst_ours_wait * 1000, WRITER_WAIT_TARGET_MS, "ms")],
+    return common.ratio_result(
+        NAME, "SQLite in-process scan under a committing gateway writer / bare GROUP BY", ours_s, bare_s, RATIO_TARGET,
+        peak_rss=peak, checks=[common.Check.rss(peak, RSS_TARGET_MB),
+                               common.Check("writer wait", worst_ours_wait * 1000, WRITER_WAIT_TARGET_MS, "ms")],
         extras={
             "store": f"{store.sessions:,} sessions/{store.traces:,} traces, {size}, "
                      + ("reused" if built is None else f"built in {built:.0f} s"),
-            "runs": f"{runs} (ours " + "/".join(f"{r['seconds']:.2f}" for r in ours_runs)
-                    + ", bare " + "/".join(f"{r['seconds']:.2f}" for r in bare_runs) + " s)",
+            "runs": common.runs_figure(runs, ours_runs, bare_runs),
             "writer's longest commit wait": f"during ours {_ms(worst_ours_wait)}, during bare {_ms(worst_bare_wait)}",
             "writer alone": f"{solo_commits / SOLO_SECONDS:,.0f} commits/s, longest {_ms(solo_wait)}",
             "writer during ours": f"{ours_rate:,.0f} commits/s, {over} of "
                                   f"{sum(n for _, n in ours_waits)} over {WRITER_WAIT_TARGET_MS:.0f} ms",
-            "commit wait median": _ms(median(all_waits)),
-            "no writer": f"ours {median(quiet_ours):.2f} s, bare {median(quiet_bare):.2f} s, "
-                         f"ratio {median(quiet_ours) / median(quiet_bare):.2f}x",
+            "commit wait median": _ms(common.median(all_waits)),
+            "no writer": f"ours {common.median(quiet_ours):.2f} s, bare {common.median(quiet_bare):.2f} s, "
+                         f"ratio {common.median(quiet_ours) / common.median(quiet_bare):.2f}x",
             "RSS after imports": f"{min(r['rss_imported'] for r in ours_runs) / 2**20:.0f} MB",
             "candidates": f"{store.expected_candidates:,}",
         },

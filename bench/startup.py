@@ -9,12 +9,13 @@ tests/test_startup.py; this row is the time.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import time
 
 from bench.cli_scan import cli_argv
-from bench.common import BenchContext, BenchError, BenchResult, Check, child_env, median, register
+from bench.common import BenchContext, BenchError, BenchResult, alternate, child_env, median, ratio_result, register
 
 NAME = "cli-startup"
 RATIO_TARGET = 2.0
@@ -36,15 +37,9 @@ def cli_startup(ctx: BenchContext) -> BenchResult:
     ours_argv = [*cli_argv(), "--help"]
     bare_argv = [sys.executable, "-c", "import httpx"]
     _run(ours_argv), _run(bare_argv)
-    ours: list[float] = []
-    bare: list[float] = []
-    for i in range(runs):
-        for argv in ((ours_argv, bare_argv) if i % 2 == 0 else (bare_argv, ours_argv)):
-            (ours if argv is ours_argv else bare).append(_run(argv))
-    ours_s, bare_s = median(ours), median(bare)
-    return BenchResult(
-        name=NAME, row="gatewayscope --help / python -c \"import httpx\"", ours_seconds=ours_s,
-        baseline_seconds=bare_s, checks=[Check.ratio(ours_s / bare_s, RATIO_TARGET)],
+    ours, bare = alternate(runs, functools.partial(_run, ours_argv), functools.partial(_run, bare_argv))
+    return ratio_result(
+        NAME, "gatewayscope --help / python -c \"import httpx\"", median(ours), median(bare), RATIO_TARGET,
         extras={"runs": f"{runs} a side (ours {min(ours) * 1000:.0f}-{max(ours) * 1000:.0f} ms, "
                         f"bare {min(bare) * 1000:.0f}-{max(bare) * 1000:.0f} ms)"},
     )
