@@ -17,16 +17,13 @@ Children: ``python -m bench.guard_install install PATH`` (used by the benchmark 
 from __future__ import annotations
 
 import shutil
-import sqlite3
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from bench import common
 from bench._stores import SlimStore, ensure_store
@@ -41,8 +38,6 @@ WRITER_PAUSE = 0.01
 #: answered calls before install starts, and after it returned, before the load stops
 CALLS_BEFORE = 50
 CALLS_AFTER = 50
-#: the load's traces are final once their count holds this long
-SETTLE_QUIET = 5.0
 #: liveness bounds (seconds): they only end a run that no longer makes progress
 LOAD_BOUND = 120.0
 INSTALL_BOUND = 6 * 3600.0
@@ -64,84 +59,7 @@ def _child_install(path: str) -> dict[str, Any]:
 child_main = common.children(MODULE, "install PATH", [("install", _child_install, (str,))])
 
 
-# -- the load ---------------------------------------------------------------------------------------
-
-@dataclass
-class Load:
-    """8 writers' answered calls (session -> the worker's response ids) and their failures."""
-
-    url: str
-    prefix: str
-    answered: dict[str, set[str]] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def calls(self) -> int:
-        with self.lock:
-            return sum(len(ids) for ids in self.answered.values())
-
-    def writer(self, worker: int) -> None:
-        import httpx
-
-        sessions = [f"{self.prefix}{worker}-{k}" for k in range(SESSIONS_PER_WRITER)]
-        with httpx.Client(base_url=self.url, timeout=60.0) as client:
-            n = 0
-            while not self.stop.is_set():  # bounded: the benchmark sets stop
-                sid = sessions[n % len(sessions)]
-                body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": f"{sid}#{n}"}]}
-                try:
-                    resp = client.post(f"/sessions/{quote(sid, safe='')}/v1/chat/completions", json=body)
-                    if resp.status_code == 200:
-                        with self.lock:
-                            self.answered.setdefault(sid, set()).add(str(resp.json()["id"]))
-                    else:
-                        with self.lock:
-                            self.failures.append(f"{sid}: {resp.status_code}")
-                except (httpx.HTTPError, ValueError, KeyError) as err:
-                    with self.lock:
-                        self.failures.append(f"{sid}: {err!r}")
-                n += 1
-                self.stop.wait(WRITER_PAUSE)
-
-    def wait_for(self, calls: int) -> None:
-        deadline = time.monotonic() + LOAD_BOUND
-        while self.calls < calls:  # bounded by the deadline
-            if time.monotonic() > deadline:
-                raise common.BenchError(f"the load stalled at {self.calls} answered calls")
-            time.sleep(0.05)
-
-
-def _in_file(path: Path, prefix: str) -> dict[str, set[str]]:
-    """The load's traces in the file: session -> the worker's response ids (the session id index's range)."""
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
-    try:
-        rows = conn.execute(
-            "SELECT ts.session_id, json_extract(t.data, '$.raw_response.id') FROM trace_sessions AS ts "
-            "JOIN traces AS t ON t.trace_id = ts.trace_id WHERE ts.session_id >= ? AND ts.session_id < ?",
-            (prefix, prefix + "\U0010ffff")).fetchall()
-    finally:
-        conn.close()
-    found: dict[str, set[str]] = {}
-    for sid, response_id in rows:
-        found.setdefault(str(sid), set()).add(str(response_id))
-    return found
-
-
-def _settle(path: Path, prefix: str, expected: int) -> dict[str, set[str]]:
-    deadline = time.monotonic() + LOAD_BOUND
-    last, quiet_since = -1, time.monotonic()
-    while True:  # bounded by the deadline
-        found = _in_file(path, prefix)
-        count = sum(len(ids) for ids in found.values())
-        now = time.monotonic()
-        if count != last:
-            last, quiet_since = count, now
-        if count >= expected or now - quiet_since >= SETTLE_QUIET or now >= deadline:
-            return found
-        time.sleep(0.25)
-
+# -- the loaded run (the load: gatewayscope.sandbox.load, as in the e2e tests) ----------------------
 
 @dataclass
 class LoadedRun:
@@ -154,31 +72,28 @@ class LoadedRun:
 
 
 def _loaded_run(copy: Path) -> LoadedRun:
+    from gatewayscope.sandbox.load import ChatLoad, missing, running, trace_count
     from gatewayscope.sandbox.processes import start_rllm_gateway, start_stub_worker
 
     with start_stub_worker() as worker, start_rllm_gateway(worker.url, store="sqlite", db_path=copy) as gateway:
-        load = Load(url=gateway.url, prefix=f"bench-install-{uuid.uuid4().hex[:8]}-")
-        threads = [threading.Thread(target=load.writer, args=(w,), name=f"bench-writer-{w}", daemon=True)
-                   for w in range(WRITERS)]
-        for thread in threads:
-            thread.start()
-        try:
-            load.wait_for(CALLS_BEFORE)
+        load = ChatLoad(url=gateway.url, prefix=f"bench-install-{uuid.uuid4().hex[:8]}-",
+                        sessions_per_writer=SESSIONS_PER_WRITER, pause=WRITER_PAUSE, model=MODEL)
+        with running(load, load.writer_threads(WRITERS)):
+            _wait_for(load, CALLS_BEFORE)
             before = load.calls
             result = common.run_child(MODULE, "install", str(copy), timeout=INSTALL_BOUND)
             during = load.calls - before
-            load.wait_for(load.calls + CALLS_AFTER)
-        finally:
-            load.stop.set()
-            for thread in threads:
-                thread.join(timeout=70)
-        answered = {sid: set(ids) for sid, ids in load.answered.items()}
-        expected = sum(len(ids) for ids in answered.values())
-        found = _settle(copy, load.prefix, expected)
-        lost = sum(len(ids - found.get(sid, set())) for sid, ids in answered.items())
+            _wait_for(load, load.calls + CALLS_AFTER)
+        answered, found = load.settled(copy, bound=LOAD_BOUND)
         log = gateway.process.output()
-    return LoadedRun(install=result, answered=expected, during=during, lost=lost, failures=len(load.failures),
+    return LoadedRun(install=result, answered=trace_count(answered), during=during, lost=missing(answered, found),
+                     failures=load.failures,
                      lock_errors=log.count("database is locked") + log.count("Failed to persist trace"))
+
+
+def _wait_for(load: Any, calls: int) -> None:
+    if not load.wait_for(calls, LOAD_BOUND):
+        raise common.BenchError(f"the load stalled at {load.calls} answered calls")
 
 
 @common.register(NAME)

@@ -27,7 +27,6 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,23 +34,22 @@ from typing import Any
 
 import pytest
 
+from gatewayscope.sandbox.load import missing, trace_count
 from tests.e2e._load import (
     APPLY_BOUND,
     CALLS_BEFORE_APPLY,
-    LOAD_START_BOUND,
     ORPHANS,
     STORE_SESSIONS,
     TALLY,
-    Load,
     cli_argv,
     cli_env,
     file_sessions,
     file_trace_ids,
+    loaded_gateway,
     read_only,
     running,
-    settle,
+    wait_for_calls,
 )
-from tests.e2e._store import BuiltStore, build_store
 
 pytestmark = pytest.mark.e2e
 
@@ -99,9 +97,7 @@ def journal_events(path: Path) -> list[dict[str, Any]]:
 def test_apply_on_a_loaded_gateways_sqlite_file_loses_no_answered_trace(rllm_gateway: Any, gateway_flavor: Any,
                                                                        tmp_path: Path) -> None:
     db = tmp_path / "gateway-traces.db"
-    store: BuiltStore = build_store(db, sessions=STORE_SESSIONS, orphans=ORPHANS, now=time.time(),
-                                    python=gateway_flavor.python)
-    gateway = rllm_gateway("sqlite", db_path=db)
+    store, gateway, load = loaded_gateway(db, rllm_gateway, gateway_flavor)
     with read_only(db) as conn:  # 0.1.0: DELETE; upstream main: WAL (the gateway set it when it opened the file)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == gateway_flavor.journal_mode
 
@@ -113,21 +109,14 @@ def test_apply_on_a_loaded_gateways_sqlite_file_loses_no_answered_trace(rllm_gat
     assert planned_ids == set(store.orphans), "the plan must delete exactly the store's orphans"
     assert len(plan["actions"]) == len(planned_ids)
 
-    prefix = f"load-{uuid.uuid4().hex[:8]}-"
-    load = Load(url=gateway.url, prefix=prefix, kept_sample=sorted(store.kept)[::500])
     with running(load):
-        deadline = time.monotonic() + LOAD_START_BOUND
-        while load.calls < CALLS_BEFORE_APPLY:
-            assert time.monotonic() < deadline, f"the load did not start: {load.calls} calls answered"
-            time.sleep(0.05)
+        wait_for_calls(load, CALLS_BEFORE_APPLY, "the load did not start")
         applied = run_apply(tmp_path / "plan.json", tmp_path)
-    answered = {sid: set(ids) for sid, ids in load.answered.items()}
-    n_answered = sum(len(ids) for ids in answered.values())
 
     # The gateway persists after answering: read the file once its last writes have landed.
-    in_file = settle(db, prefix, n_answered)
-    missing = {sid: ids - in_file.get(sid, set()) for sid, ids in answered.items()}
-    n_missing = sum(len(ids) for ids in missing.values())
+    answered, in_file = load.settled(db)
+    n_answered = trace_count(answered)
+    n_missing = missing(answered, in_file)
     unexpected = {sid: ids - answered.get(sid, set()) for sid, ids in in_file.items()}
     sessions_now = file_sessions(db)
     traces_now = file_trace_ids(db)
@@ -178,17 +167,10 @@ def test_scans_of_a_loaded_gateways_sqlite_file_lose_no_answered_trace_and_see_e
     file afterwards, the gateway logged no lock error, and every scan reported exactly the store's orphans
     (the load's sessions are fresh) and counted at least the sessions the store was built with."""
     db = tmp_path / "gateway-traces.db"
-    store: BuiltStore = build_store(db, sessions=STORE_SESSIONS, orphans=ORPHANS, now=time.time(),
-                                    python=gateway_flavor.python)
-    gateway = rllm_gateway("sqlite", db_path=db)
-    prefix = f"load-{uuid.uuid4().hex[:8]}-"
-    load = Load(url=gateway.url, prefix=prefix, kept_sample=sorted(store.kept)[::500])
+    store, gateway, load = loaded_gateway(db, rllm_gateway, gateway_flavor)
     reports: list[dict[str, Any]] = []
     with running(load):
-        deadline = time.monotonic() + LOAD_START_BOUND
-        while load.calls < CALLS_BEFORE_APPLY:
-            assert time.monotonic() < deadline, f"the load did not start: {load.calls} calls answered"
-            time.sleep(0.05)
+        wait_for_calls(load, CALLS_BEFORE_APPLY, "the load did not start")
         calls_before = load.calls
         for _ in range(SCANS_UNDER_LOAD):
             scanned = subprocess.run(cli_argv("scan", "--trace-store", str(db), "--format", "json"),
@@ -197,10 +179,9 @@ def test_scans_of_a_loaded_gateways_sqlite_file_lose_no_answered_trace_and_see_e
             assert scanned.returncode == 0, scanned.stdout[-2000:] + scanned.stderr[-2000:]
             reports.append(json.loads(scanned.stdout)["targets"][0])
         calls_during = load.calls - calls_before
-    answered = {sid: set(ids) for sid, ids in load.answered.items()}
-    n_answered = sum(len(ids) for ids in answered.values())
-    in_file = settle(db, prefix, n_answered)
-    n_missing = sum(len(ids - in_file.get(sid, set())) for sid, ids in answered.items())
+    answered, in_file = load.settled(db)
+    n_answered = trace_count(answered)
+    n_missing = missing(answered, in_file)
     gateway_log = gateway.process.output()
     summary = (f"answered {n_answered} chat calls ({calls_during} while {SCANS_UNDER_LOAD} scans ran), "
                f"{n_missing} of their traces missing from the file; {load.failures} failed calls/reads "

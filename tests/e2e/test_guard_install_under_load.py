@@ -21,24 +21,22 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gatewayscope.sandbox.load import missing, trace_count
 from tests.e2e._load import (
     CALLS_BEFORE_APPLY,
-    LOAD_START_BOUND,
     WRITERS,
-    Load,
     cli_argv,
     cli_env,
+    loaded_gateway,
     read_only,
     running,
-    settle,
+    wait_for_calls,
 )
-from tests.e2e._store import BuiltStore, build_store
 
 pytestmark = pytest.mark.e2e
 
@@ -65,16 +63,9 @@ def index_counts(path: Path, prefix: str) -> dict[str, int]:
 def test_guard_install_on_a_loaded_gateways_file_finishes_and_loses_no_answered_trace(
         rllm_gateway: Any, gateway_flavor: Any, tmp_path: Path) -> None:
     db = tmp_path / "gateway-traces.db"
-    store: BuiltStore = build_store(db, sessions=STORE_SESSIONS, orphans=ORPHANS, now=time.time(),
-                                    python=gateway_flavor.python)
-    gateway = rllm_gateway("sqlite", db_path=db)
-    prefix = f"load-{uuid.uuid4().hex[:8]}-"
-    load = Load(url=gateway.url, prefix=prefix, kept_sample=sorted(store.kept)[::500])
+    _, gateway, load = loaded_gateway(db, rllm_gateway, gateway_flavor, sessions=STORE_SESSIONS, orphans=ORPHANS)
     with running(load):
-        deadline = time.monotonic() + LOAD_START_BOUND
-        while load.calls < CALLS_BEFORE_APPLY:
-            assert time.monotonic() < deadline, f"the load did not start: {load.calls} calls answered"
-            time.sleep(0.05)
+        wait_for_calls(load, CALLS_BEFORE_APPLY, "the load did not start")
         calls_before = load.calls
         started = time.monotonic()
         installed = subprocess.run(cli_argv("guard", "install", str(db), "--busy-timeout", "30"),
@@ -82,16 +73,10 @@ def test_guard_install_on_a_loaded_gateways_file_finishes_and_loses_no_answered_
                                    env=cli_env(tmp_path))
         install_seconds = time.monotonic() - started
         calls_during = load.calls - calls_before
-        after = load.calls
-        deadline = time.monotonic() + LOAD_START_BOUND
-        while load.calls < after + CALLS_AFTER_INSTALL:  # bounded by the deadline
-            assert time.monotonic() < deadline, f"the load stalled after install: {load.calls} calls answered"
-            time.sleep(0.05)
-    answered = {sid: set(ids) for sid, ids in load.answered.items()}
-    n_answered = sum(len(ids) for ids in answered.values())
-    in_file = settle(db, prefix, n_answered)
-    missing = {sid: ids - in_file.get(sid, set()) for sid, ids in answered.items()}
-    n_missing = sum(len(ids) for ids in missing.values())
+        wait_for_calls(load, load.calls + CALLS_AFTER_INSTALL, "the load stalled after install")
+    answered, in_file = load.settled(db)
+    n_answered = trace_count(answered)
+    n_missing = missing(answered, in_file)
     status = subprocess.run(cli_argv("guard", "status", str(db), "--format", "json"), capture_output=True,
                             text=True, timeout=120, cwd=tmp_path, env=cli_env(tmp_path))
     gateway_log = gateway.process.output()
@@ -115,5 +100,5 @@ def test_guard_install_on_a_loaded_gateways_file_finishes_and_loses_no_answered_
     assert n_missing == 0, summary
     assert locked == 0 and failed_persists == 0, summary
     assert gateway.process.running(), summary
-    indexed = index_counts(db, prefix)
+    indexed = index_counts(db, load.prefix)
     assert {sid: len(ids) for sid, ids in in_file.items()} == indexed, "the orphan index must count every trace"

@@ -37,6 +37,7 @@ from gatewayscope.remediate.apply import ApplyOptions, apply_plan
 from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import build_plan
 from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_small
+from gatewayscope.sandbox.load import ChatLoad, running
 from gatewayscope.sandbox.rollouts import DEFAULT_MODEL, land_late_calls, run_rollouts
 from gatewayscope.scan import take_snapshot
 from tests.helpers import gateway_sessions as sessions
@@ -70,46 +71,6 @@ class Counting(httpx.BaseTransport):
     def writes(self) -> list[tuple[str, str]]:
         with self.lock:
             return [(m, p) for m, p in self.sent if m in WRITES and not (m == "POST" and p.startswith(READ_POSTS))]
-
-
-class Writers:
-    """``WRITERS`` threads, each calling the gateway on its own live session until stopped."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.answered: dict[str, set[str]] = {}
-        self.failures: list[str] = []
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self.write, args=(i,), daemon=True) for i in range(WRITERS)]
-
-    def write(self, worker: int) -> None:
-        sid = f"live-writer:{worker}"
-        with httpx.Client(base_url=self.url, timeout=60) as client:
-            n = 0
-            while not self.stop.is_set():
-                body = {"model": DEFAULT_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": f"{n}"}]}
-                try:
-                    resp = client.post(f"/sessions/{quote(sid, safe='')}/v1/chat/completions", json=body)
-                    if resp.status_code == 200:
-                        with self.lock:
-                            self.answered.setdefault(sid, set()).add(str(resp.json()["id"]))
-                    else:
-                        self.failures.append(f"{sid}: {resp.status_code}")
-                except httpx.HTTPError as err:
-                    self.failures.append(f"{sid}: {err!r}")
-                n += 1
-                self.stop.wait(WRITER_PAUSE)
-
-    def __enter__(self) -> Writers:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=60)
 
 
 def chat(url: str, session_id: str) -> None:
@@ -197,7 +158,8 @@ def test_heal_enforce_drives_orphans_pools_and_drift_to_zero_under_load(rllm_gat
         {"rl": rl, "bifrost": bifrost}, cls=TurnsLive)
 
     reports = []
-    with Writers(gateway.url) as writers:
+    writers = ChatLoad(url=gateway.url, prefix="live-writer-", sessions_per_writer=1, pause=WRITER_PAUSE)
+    with running(writers, writers.writer_threads(WRITERS)):
         while len(reports) < MAX_PASSES:
             rl_before, bf_before = len(rl.writes()), len(bifrost.writes())
             report = loop.run_pass()
@@ -213,7 +175,7 @@ def test_heal_enforce_drives_orphans_pools_and_drift_to_zero_under_load(rllm_gat
                 break
         time.sleep(0.5)  # the writers' last persists land
     assert TurnsLive.turned
-    assert writers.failures == []
+    assert writers.failures == 0, writers.errors
 
     left = sessions(gateway.url)
     assert not (set(orphans) - {victim}) & set(left), "every confirmed orphan is deleted"
