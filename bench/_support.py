@@ -332,6 +332,18 @@ def count_sessions(gateway: Gateway) -> int:
 
 # -- the chat probe -----------------------------------------------------------------------------------
 
+def fill_orphans_and_live(gateway: Gateway, n_orphans: int, n_live: int, *,
+                          live_calls: int = 1) -> tuple[list[str], float]:
+    """Fill ``gateway`` through its chat route with ``n_orphans`` one-trace orphans (rollouts 0-3 of tasks of their
+    own, as stragglers are left), then ``n_live`` live sessions of ``live_calls`` traces each (rollouts 0-7);
+    return the orphans' ids and the seconds it took."""
+    orphans = [f"{rollout_uid()}:{k % 4}" for k in range(n_orphans)]
+    live = [f"{rollout_uid()}:{k % 8}" for k in range(n_live)]
+    built = fill_sessions(gateway, [(sid, 1) for sid in orphans])
+    built += fill_sessions(gateway, [(sid, live_calls) for sid in live])
+    return orphans, built
+
+
 def start_probe(gateway: Gateway, *, rate: float, delay: float, tag: str) -> Child:
     """A child that sends one chat call ``rate`` times a second through the gateway (``delay`` s of
     generation at the stub worker) until SIGTERM, then prints every call's (start, seconds)."""

@@ -112,22 +112,12 @@ def _measure(gateway: Any, config: str, interval: float, window: float, *,
 @register(NAME)
 def heal_gateway_share(ctx: BenchContext) -> BenchResult:
     """The agent's chat p95 during exporter + heal passes / idle, on a 0.1.0 memory store."""
-    from bench._support import (
-        fill_sessions,
-        p95,
-        rollout_uid,
-        run_gateway,
-        start_probe,
-        stop_probe,
-    )
+    from bench._support import fill_orphans_and_live, p95, run_gateway, start_probe, stop_probe
 
     n_sessions, interval, window = SIZES[ctx.size]
     idle_window = ctx.pick(30.0, 15.0, 4.0)
-    orphans = [f"{rollout_uid()}:{k % 4}" for k in range(n_sessions // 10)]
-    live = [f"{rollout_uid()}:{k % 8}" for k in range(n_sessions - len(orphans))]
     with run_gateway() as gateway, tempfile.TemporaryDirectory(prefix="gatewayscope-bench-heal-") as tmp:
-        built = fill_sessions(gateway, [(sid, 1) for sid in orphans])
-        built += fill_sessions(gateway, [(sid, 2) for sid in live])
+        orphans, built = fill_orphans_and_live(gateway, n_sessions // 10, n_sessions - n_sessions // 10, live_calls=2)
         time.sleep(1.5)  # the orphans idle past heal's threshold
         probe = start_probe(gateway, rate=PROBE_RATE, delay=AGENT_DELAY, tag="agent")
         time.sleep(idle_window)

@@ -115,30 +115,19 @@ def _ms(seconds: float) -> str:
 @common.register(NAME)
 def orphan_session_delete(ctx: common.BenchContext) -> common.BenchResult:
     """apply's orphan deletes vs bare sequential DELETEs, and what an agent's chat call feels meanwhile."""
-    from bench._support import (
-        count_sessions,
-        fill_sessions,
-        p95,
-        rollout_uid,
-        run_gateway,
-        start_probe,
-        stop_probe,
-    )
+    from bench._support import count_sessions, fill_orphans_and_live, p95, run_gateway, start_probe, stop_probe
 
     n_sessions, n_orphans, pairs = SIZES[ctx.size]
     idle_seconds = ctx.pick(30.0, 10.0, 3.0)
-    orphan_ids = [f"{rollout_uid()}:{k % 4}" for k in range(n_orphans)]
-    live_ids = [f"{rollout_uid()}:{k % 8}" for k in range(n_sessions - n_orphans)]
     per_side = n_orphans // (2 * pairs)
-    chunks = [orphan_ids[i * per_side:(i + 1) * per_side] for i in range(2 * pairs)]
     bare_times: list[float] = []
     ours_runs: list[dict[str, Any]] = []
     agent: dict[str, list[float]] = {"idle": [], "ours": []}
     instant: dict[str, list[float]] = {"idle": [], "ours": []}
     warnings: list[str] = []
     with run_gateway() as gateway, tempfile.TemporaryDirectory(prefix="gatewayscope-bench-") as tmp:
-        built = fill_sessions(gateway, [(sid, 1) for sid in orphan_ids])
-        built += fill_sessions(gateway, [(sid, 1) for sid in live_ids])
+        orphan_ids, built = fill_orphans_and_live(gateway, n_orphans, n_sessions - n_orphans)
+        chunks = [orphan_ids[i * per_side:(i + 1) * per_side] for i in range(2 * pairs)]
 
         def probes() -> tuple[Any, Any]:
             return (start_probe(gateway, rate=PROBE_RATE, delay=AGENT_DELAY, tag="agent"),
