@@ -1,4 +1,5 @@
-"""Helpers shared by the tests that drive real processes: bounded polling and the gateway's own view.
+"""Helpers shared by the tests: bounded polling and the gateway's own view for the tests that drive real
+processes, and the targets of hand-made snapshots.
 
 Import as ``from tests.helpers import wait_for`` (pytest puts the project root on ``sys.path``).
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +17,16 @@ import httpx
 import pytest
 
 from gatewayscope.sandbox.processes import ManagedProcess, start_on_free_port
+from gatewayscope.snapshot import (
+    CANDIDATE_TRACES_SCHEMA,
+    REACHABILITY_SCHEMA,
+    RECORDS_SCHEMA,
+    SESSIONS_SCHEMA,
+    BifrostData,
+    TargetSnapshot,
+    TraceStoreData,
+    frame_from_rows,
+)
 
 #: the two rLLM gateway flavours the tests run on (the ``gateway_flavor`` fixtures)
 PYPI = "pypi-0.1.0"
@@ -97,6 +108,30 @@ def age(path: str | Path, session_ids: list[str], seconds: float) -> None:
 def session_counts(path: Path) -> dict[str, int]:
     with sqlite3.connect(path) as conn:
         return dict(conn.execute("SELECT session_id, COUNT(*) FROM trace_sessions GROUP BY session_id").fetchall())
+
+
+# -- the targets of hand-made snapshots ----------------------------------------------------------------------
+
+def trace_store_target(sessions: Sequence[tuple[Any, ...]], candidate_traces: Sequence[tuple[Any, ...]] = (), *,
+                       name: str = "rl", address: str = "http://127.0.0.1:9090", started_at: float = NOW,
+                       duration_seconds: float = 0.01, warnings: Sequence[str] = (), **data: Any) -> TargetSnapshot:
+    """An rLLM target that answered: its trace store holds ``sessions`` (SESSIONS_SCHEMA rows) and
+    ``candidate_traces`` (CANDIDATE_TRACES_SCHEMA rows); ``data``: the store's other TraceStoreData fields."""
+    store = TraceStoreData(sessions=frame_from_rows(list(sessions), SESSIONS_SCHEMA),
+                           candidate_traces=frame_from_rows(list(candidate_traces), CANDIDATE_TRACES_SCHEMA), **data)
+    return TargetSnapshot(name=name, kind="rllm", address=address, up=True, started_at=started_at,
+                          duration_seconds=duration_seconds, warnings=list(warnings), trace_store=store)
+
+
+def bifrost_target(records: Sequence[tuple[Any, ...]], reachability: Sequence[tuple[Any, ...]] = (), *,
+                   client_config: dict[str, Any], name: str = "bifrost", address: str = "http://127.0.0.1:8080",
+                   started_at: float = NOW, duration_seconds: float = 0.01, **data: Any) -> TargetSnapshot:
+    """A Bifrost target that answered: ``records`` (RECORDS_SCHEMA rows), ``reachability`` (REACHABILITY_SCHEMA
+    rows) and its ``client_config``; ``data``: its other BifrostData fields."""
+    bifrost = BifrostData(records=frame_from_rows(list(records), RECORDS_SCHEMA), client_config=client_config,
+                          reachability=frame_from_rows(list(reachability), REACHABILITY_SCHEMA), **data)
+    return TargetSnapshot(name=name, kind="bifrost", address=address, up=True, started_at=started_at,
+                          duration_seconds=duration_seconds, bifrost=bifrost)
 
 
 def python_examples(path: Path) -> list[tuple[int, str]]:

@@ -21,19 +21,8 @@ from gatewayscope.analysis.findings import Findings, findings, target_findings
 from gatewayscope.analysis.orphans import ORPHANS_SCHEMA
 from gatewayscope.config import DEFAULT_MEMORY_LIMIT_BYTES, Config, Policy, Target
 from gatewayscope.errors import GatewayscopeError
-from gatewayscope.snapshot import (
-    CANDIDATE_TRACES_SCHEMA,
-    REACHABILITY_SCHEMA,
-    RECORDS_SCHEMA,
-    SESSIONS_SCHEMA,
-    BifrostData,
-    GuardStats,
-    Snapshot,
-    TargetSnapshot,
-    TraceStoreData,
-    frame_from_rows,
-)
-from tests.helpers import NOW
+from gatewayscope.snapshot import GuardStats, Snapshot, TargetSnapshot
+from tests.helpers import NOW, bifrost_target, trace_store_target
 
 HOUR = 3600.0
 MIB = 1024 * 1024
@@ -41,22 +30,20 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gatewayscope"
 
 
 def rllm(name: str = "rl") -> TargetSnapshot:
-    data = TraceStoreData(
-        sessions=frame_from_rows([
+    return trace_store_target(
+        [
             ("taskA:0", 1, NOW - 3 * HOUR, None),  # one trace, idle 3 h: suspected
             ("taskA:1", 1, NOW - 60, NOW - 60),  # tombstoned: confirmed although fresh
             ("taskB:0", 4, NOW - 5 * HOUR, NOW - 30),  # live
-        ], SESSIONS_SCHEMA),
-        candidate_traces=frame_from_rows([("taskA:0", "t0", NOW - 3 * HOUR, None, 300, 1200, "m", NOW - 3 * HOUR - 1),
-                                          ("taskA:1", "t1", NOW - 60, None, 50, 200, "m", NOW - 61)],
-                                         CANDIDATE_TRACES_SCHEMA),
+        ],
+        [("taskA:0", "t0", NOW - 3 * HOUR, None, 300, 1200, "m", NOW - 3 * HOUR - 1),
+         ("taskA:1", "t1", NOW - 60, None, 50, 200, "m", NOW - 61)],
+        name=name, address="/srv/traces.db", duration_seconds=0.2, warnings=["a warning"],
         tombstoned_ids=["taskA:1"],
         guard=GuardStats(tombstones=7, capacity=100, dropped_writes=2),
         access="sqlite",
         also_read=frozenset({"taskA:0", "taskB:0"}),  # the ids the tests give as deleted were read
     )
-    return TargetSnapshot(name=name, kind="rllm", address="/srv/traces.db", up=True, started_at=NOW,
-                          duration_seconds=0.2, trace_store=data, warnings=["a warning"])
 
 
 def bifrost(name: str = "bf") -> TargetSnapshot:
@@ -64,11 +51,9 @@ def bifrost(name: str = "bf") -> TargetSnapshot:
             ("acme__m", True, "openai", 64, 1024, None, "active", "f2"),  # custom at its pool
             ("acme__gone", True, "openai", 1000, 5000, "http://gone.invalid/v1", "active", "f3"),  # unreachable
             ("acme__m__anthropic", False, None, 200, 800, None, "error", "f4")]  # a lane: custom; status error
-    data = BifrostData(records=frame_from_rows(rows, RECORDS_SCHEMA),
-                       client_config={"drop_excess_requests": True, "enforce_auth_on_inference": True},
-                       reachability=frame_from_rows([("gone.invalid", False, "no such host")], REACHABILITY_SCHEMA))
-    return TargetSnapshot(name=name, kind="bifrost", address="http://bf:8080", up=True, started_at=NOW,
-                          duration_seconds=0.3, bifrost=data)
+    return bifrost_target(rows, [("gone.invalid", False, "no such host")],
+                          client_config={"drop_excess_requests": True, "enforce_auth_on_inference": True},
+                          name=name, address="http://bf:8080", duration_seconds=0.3)
 
 
 def down(name: str = "down") -> TargetSnapshot:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -19,18 +20,8 @@ from gatewayscope.exporter.collectors import (
     TargetsCollector,
     record_series,
 )
-from gatewayscope.snapshot import (
-    CANDIDATE_TRACES_SCHEMA,
-    REACHABILITY_SCHEMA,
-    RECORDS_SCHEMA,
-    SESSIONS_SCHEMA,
-    BifrostData,
-    GuardStats,
-    RuntimeMetrics,
-    TargetSnapshot,
-    TraceStoreData,
-    frame_from_rows,
-)
+from gatewayscope.snapshot import GuardStats, RuntimeMetrics, TargetSnapshot
+from tests.helpers import bifrost_target, trace_store_target
 
 NOW = 1_700_000_000.0
 RLLM = Target(name="rl-gateway", kind="rllm", url="http://rl.test:9090")
@@ -46,18 +37,19 @@ FINGERPRINT = "sha256-fingerprint-of-a-record"
 
 
 def rllm_snapshot(*, guard: GuardStats | None = None, up: bool = True) -> TargetSnapshot:
-    sessions = frame_from_rows([
-        (ORPHAN_ID, 1, NOW - 9000, None),  # one trace, idle 8,000 s: suspected
-        (TOMBSTONED_ID, 1, NOW - 50, NOW - 40),  # carries a tombstone: confirmed
-        (LIVE_ID, 3, NOW - 100, NOW - 10),  # live
-    ], SESSIONS_SCHEMA)
-    traces = frame_from_rows([(ORPHAN_ID, TRACE_ID, NOW - 8000, None, 100, 400, "m", NOW - 8001)],
-                             CANDIDATE_TRACES_SCHEMA)
-    data = TraceStoreData(sessions=sessions, candidate_traces=traces, tombstoned_ids=[TOMBSTONED_ID], guard=guard)
-    return TargetSnapshot(name=RLLM.name, kind="rllm", address=RLLM.address, up=up, started_at=NOW,
-                          duration_seconds=0.25, trace_store=data if up else None,
-                          error=None if up else "Cannot reach the rLLM gateway",
-                          error_kind=None if up else "unreachable")
+    snap = trace_store_target(
+        [
+            (ORPHAN_ID, 1, NOW - 9000, None),  # one trace, idle 8,000 s: suspected
+            (TOMBSTONED_ID, 1, NOW - 50, NOW - 40),  # carries a tombstone: confirmed
+            (LIVE_ID, 3, NOW - 100, NOW - 10),  # live
+        ],
+        [(ORPHAN_ID, TRACE_ID, NOW - 8000, None, 100, 400, "m", NOW - 8001)],
+        name=RLLM.name, address=RLLM.address, started_at=NOW, duration_seconds=0.25,
+        tombstoned_ids=[TOMBSTONED_ID], guard=guard)
+    if up:
+        return snap
+    return dataclasses.replace(snap, up=False, trace_store=None, error="Cannot reach the rLLM gateway",
+                               error_kind="unreachable")
 
 
 def bifrost_snapshot(custom_records: int = 8, *, client_config: dict | None = None,
@@ -68,15 +60,12 @@ def bifrost_snapshot(custom_records: int = 8, *, client_config: dict | None = No
             ("legacy-lan", False, None, 100, 800, None, "error", FINGERPRINT)]
     rows += [(f"org{i:02d}__vllm__m", True, "openai", 1000 - i, 5000, SECRET_URL if i == 0 else None,
               "active", FINGERPRINT) for i in range(custom_records)]
-    data = BifrostData(
-        records=frame_from_rows(rows, RECORDS_SCHEMA),
+    return bifrost_target(
+        rows, [("upstream.example", False, "no such host")],
         client_config=client_config if client_config is not None else {"drop_excess_requests": True,
                                                                          "enforce_auth_on_inference": True},
-        reachability=frame_from_rows([("upstream.example", False, "no such host")], REACHABILITY_SCHEMA),
-        runtime=runtime, runtime_error=runtime_error,
-    )
-    return TargetSnapshot(name=BIFROST.name, kind="bifrost", address=BIFROST.address, up=True, started_at=NOW,
-                          duration_seconds=1.5, bifrost=data)
+        name=BIFROST.name, address=BIFROST.address, started_at=NOW, duration_seconds=1.5,
+        runtime=runtime, runtime_error=runtime_error)
 
 
 def exposition(results: list[TargetResult], *, max_record_series: int = 50, policy: Policy | None = None,

@@ -25,18 +25,8 @@ from gatewayscope.remediate.plan import (
     load_plan,
     plan_summary,
 )
-from gatewayscope.snapshot import (
-    CANDIDATE_TRACES_SCHEMA,
-    REACHABILITY_SCHEMA,
-    RECORDS_SCHEMA,
-    SESSIONS_SCHEMA,
-    BifrostData,
-    GuardStats,
-    Snapshot,
-    TargetSnapshot,
-    TraceStoreData,
-    frame_from_rows,
-)
+from gatewayscope.snapshot import GuardStats, Snapshot, TargetSnapshot
+from tests import helpers
 from tests.helpers import NOW
 
 HOUR = 3600.0
@@ -57,13 +47,8 @@ def bifrost_target(records: list[tuple[Any, ...]], *, client_config: dict[str, A
                    dead_hosts: tuple[str, ...] = (), live_hosts: tuple[str, ...] = (),
                    name: str = "bifrost") -> TargetSnapshot:
     reach = [(h, False, "no such host") for h in dead_hosts] + [(h, True, None) for h in live_hosts]
-    data = BifrostData(
-        records=frame_from_rows(records, RECORDS_SCHEMA),
-        client_config=dict(SAFE if client_config is None else client_config),
-        reachability=frame_from_rows(reach, REACHABILITY_SCHEMA),
-    )
-    return TargetSnapshot(name=name, kind="bifrost", address="http://127.0.0.1:8080", up=True,
-                          started_at=NOW, duration_seconds=0.01, bifrost=data)
+    return helpers.bifrost_target(records, reach, client_config=dict(SAFE if client_config is None else client_config),
+                                  name=name)
 
 
 def rllm_target(sessions: list[tuple[str, int, float]], *, tombstoned: tuple[str, ...] = (),
@@ -79,17 +64,9 @@ def rllm_target(sessions: list[tuple[str, int, float]], *, tombstoned: tuple[str
         if (count == 1 and NOW - last > 2 * HOUR) or sid in tombstoned or sid in also
         for i in range(count)
     ]
-    data = TraceStoreData(
-        sessions=frame_from_rows(rows, SESSIONS_SCHEMA),
-        candidate_traces=frame_from_rows(candidates, CANDIDATE_TRACES_SCHEMA),
-        tombstoned_ids=list(tombstoned),
-        guard=guard,
-        capabilities={"guard": guard is not None},
-        access=access,
-        also_read=frozenset(also),
-    )
-    return TargetSnapshot(name=name, kind="rllm", address=address, up=True, started_at=NOW,
-                          duration_seconds=0.01, trace_store=data)
+    return helpers.trace_store_target(rows, candidates, name=name, address=address, tombstoned_ids=list(tombstoned),
+                                      guard=guard, capabilities={"guard": guard is not None}, access=access,
+                                      also_read=frozenset(also))
 
 
 def snapshot(*targets: TargetSnapshot) -> Snapshot:
