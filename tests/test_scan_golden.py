@@ -15,6 +15,7 @@ port (``<port>``) and each target's read time (``duration_seconds`` becomes 0). 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,12 +23,15 @@ import re
 import sqlite3
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import gatewayscope.scan
 from gatewayscope.cli import main
+from gatewayscope.config import Config, Policy, Target
+from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_small
 from tests.helpers import NOW, write_store
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -136,8 +140,6 @@ max_weight_lag = 2
 
 def test_bifrost_scan_output_is_pinned(tmp_path: Path, fixed_clock: None,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_small
-
     with BifrostEmulator() as emu:
         seed_small(emu)
         code, out = scan(capsys, "--bifrost", emu.url, "--format", "json")
@@ -148,21 +150,26 @@ def test_bifrost_scan_output_is_pinned(tmp_path: Path, fixed_clock: None,
         check("scan_bifrost.txt", normalise(out, tmp_path, emu.port))
 
 
-def test_notebook_html_is_pinned(tmp_path: Path, fixed_clock: None) -> None:
-    """The notebooks' HTML view of the same scans (every section, every target), through the controller."""
-    from gatewayscope.config import Config, Policy, Target
-    from gatewayscope.notebook.controllers import ScanController
-    from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_small
-
+@contextlib.contextmanager
+def every_target(tmp_path: Path) -> Iterator[tuple[Config, BifrostEmulator]]:
+    """The config of both scans' targets in one (the plain and the guarded store, the missing file, the seeded
+    emulator), and the emulator, running until exit."""
     plain_store(tmp_path / "plain.db")
     guarded_store(tmp_path / "guarded.db")
     with BifrostEmulator() as emu:
         seed_small(emu)
-        config = Config(targets=[Target(name="plain", kind="rllm", path=str(tmp_path / "plain.db")),
-                                 Target(name="guarded", kind="rllm", path=str(tmp_path / "guarded.db")),
-                                 Target(name="missing", kind="rllm", path=str(tmp_path / "missing.db")),
-                                 Target(name="bifrost", kind="bifrost", url=emu.url)],
-                        policy=Policy())
+        yield Config(targets=[Target(name="plain", kind="rllm", path=str(tmp_path / "plain.db")),
+                              Target(name="guarded", kind="rllm", path=str(tmp_path / "guarded.db")),
+                              Target(name="missing", kind="rllm", path=str(tmp_path / "missing.db")),
+                              Target(name="bifrost", kind="bifrost", url=emu.url)],
+                     policy=Policy()), emu
+
+
+def test_notebook_html_is_pinned(tmp_path: Path, fixed_clock: None) -> None:
+    """The notebooks' HTML view of the same scans (every section, every target), through the controller."""
+    from gatewayscope.notebook.controllers import ScanController
+
+    with every_target(tmp_path) as (config, emu):
         controller = ScanController(config=config)
         controller.scan()
         html = controller.html(show_orphans=2) + controller.orphans_html() + controller.records_html()
@@ -174,22 +181,12 @@ def test_plan_and_metrics_of_the_same_reads_are_pinned(tmp_path: Path, fixed_clo
     """The plan (its id hashes every action and warning) and the exporter's exposition of the same reads."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from gatewayscope.config import Config, Policy, Target
     from gatewayscope.exporter.cache import TargetResult
     from gatewayscope.exporter.collectors import TargetsCollector
     from gatewayscope.remediate.plan import build_plan
-    from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_small
     from gatewayscope.scan import take_snapshot
 
-    plain_store(tmp_path / "plain.db")
-    guarded_store(tmp_path / "guarded.db")
-    with BifrostEmulator() as emu:
-        seed_small(emu)
-        config = Config(targets=[Target(name="plain", kind="rllm", path=str(tmp_path / "plain.db")),
-                                 Target(name="guarded", kind="rllm", path=str(tmp_path / "guarded.db")),
-                                 Target(name="missing", kind="rllm", path=str(tmp_path / "missing.db")),
-                                 Target(name="bifrost", kind="bifrost", url=emu.url)],
-                        policy=Policy())
+    with every_target(tmp_path) as (config, emu):
         snapshot = take_snapshot(config)
         port = emu.port
     plan = build_plan(snapshot, config, include_suspected=True, include_deletes=True, created_at=NOW)
