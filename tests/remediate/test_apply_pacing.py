@@ -31,11 +31,13 @@ DAY_OLD = time.time() - 86400
 
 
 class Clock:
-    """A monotonic clock that moves only when told to."""
+    """A monotonic clock that moves only when told to: by ``advance``, or by ``sleep``, which also keeps each
+    wait in ``waits``."""
 
     def __init__(self) -> None:
         self.now = 1000.0
         self.lock = threading.Lock()
+        self.waits: list[float] = []
 
     def __call__(self) -> float:
         with self.lock:
@@ -44,6 +46,18 @@ class Clock:
     def advance(self, seconds: float) -> None:
         with self.lock:
             self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.advance(seconds)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """apply's monotonic clock, replaced by a ``Clock`` (pass its ``sleep`` to apply)."""
+    fake = Clock()
+    monkeypatch.setattr(apply_protocol.time, "monotonic", fake)
+    return fake
 
 
 class Gateway:
@@ -113,41 +127,24 @@ def test_deletes_on_one_target_never_overlap(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("delete_cost", [0.030, 0.300, 3.0])
-def test_without_rate_deletes_take_at_most_three_quarters_of_the_gateway(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, delete_cost: float) -> None:
-    clock = Clock()
-    monkeypatch.setattr(apply_protocol.time, "monotonic", clock)
-    waits: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        waits.append(seconds)
-        clock.advance(seconds)
-
+def test_without_rate_deletes_take_at_most_three_quarters_of_the_gateway(clock: Clock, tmp_path: Path,
+                                                                           delete_cost: float) -> None:
     gateway = Gateway(20, delete_cost=delete_cost, clock=clock)
-    report = run(gateway, tmp_path, concurrency=1, sleep=sleep)
+    report = run(gateway, tmp_path, concurrency=1, sleep=clock.sleep)
     assert [r.outcome for r in report.results] == ["done"] * 20
     # a turn is the 1 ms re-read right before the delete plus the delete; the pause after it is a third of
     # the turn (less the 1 ms first read of the next action, which already passed) ...
     turn = delete_cost + 0.001
-    assert waits == pytest.approx([turn / 3 - 0.001] * 19)
+    assert clock.waits == pytest.approx([turn / 3 - 0.001] * 19)
     # ... so from one turn's start to the next, the turn takes three quarters of the gateway's time
     starts = [start for start, _ in gateway.deletes]
     cycles = [b - a for a, b in itertools.pairwise(starts)]
     assert [turn / cycle for cycle in cycles] == pytest.approx([DELETE_DUTY] * 19)
 
 
-def test_with_rate_the_rate_paces_the_deletes_and_adds_no_pause(monkeypatch: pytest.MonkeyPatch,
-                                                                  tmp_path: Path) -> None:
-    clock = Clock()
-    monkeypatch.setattr(apply_protocol.time, "monotonic", clock)
-    waits: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        waits.append(seconds)
-        clock.advance(seconds)
-
+def test_with_rate_the_rate_paces_the_deletes_and_adds_no_pause(clock: Clock, tmp_path: Path) -> None:
     gateway = Gateway(5, delete_cost=0.030, clock=clock)
-    report = run(gateway, tmp_path, concurrency=1, rate=4.0, sleep=sleep)
+    report = run(gateway, tmp_path, concurrency=1, rate=4.0, sleep=clock.sleep)
     assert [r.outcome for r in report.results] == ["done"] * 5
     starts = [start for start, _ in gateway.deletes]
     # 250 ms apart, start to start: the limiter's spacing and nothing on top
