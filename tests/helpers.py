@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,6 +53,24 @@ def wait_for(what: str, probe: Callable[[], T], done: Callable[[T], bool], *, ti
         if time.monotonic() >= deadline:
             pytest.fail(f"{what}: still {value!r} after {timeout:.0f} s")
         time.sleep(interval)
+
+
+def run_at_once(calls: Sequence[Callable[[], T]], *, timeout: float = 120.0) -> list[T | None]:
+    """Each of ``calls`` in a thread of its own, all released at the same moment (a barrier); their results in
+    order, None for one that raised or did not return within ``timeout`` seconds."""
+    barrier = threading.Barrier(len(calls))
+    results: list[T | None] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        results[i] = calls[i]()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    return results
 
 
 def gateway_sessions(url: str) -> dict[str, int]:

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,7 +26,7 @@ from gatewayscope.heal.loop import HealLoop
 from gatewayscope.heal.settings import parse_heal_settings
 from gatewayscope.remediate.journal import Journal
 from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_small
-from tests.helpers import gateway_sessions, wait_for
+from tests.helpers import gateway_sessions, run_at_once, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -86,18 +85,7 @@ def test_two_heals_on_two_journals_delete_each_session_once(guarded_gateway: Any
         loop = HealLoop(config, parse_heal_settings(config.heal, f"heal-{i}.toml"))
         loop.prepare()
         loops.append(loop)
-    barrier = threading.Barrier(2)
-    reports: list[Any] = [None, None]
-
-    def run(i: int) -> None:
-        barrier.wait()
-        reports[i] = loops[i].run_pass()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    reports: list[Any] = run_at_once([loop.run_pass for loop in loops])
     assert all(r is not None and r.result == "ok" for r in reports)
     done = Counter(r.subject for rep in reports for r in rep.enforced if r.kind == "session_delete"
                    and r.outcome == "done")

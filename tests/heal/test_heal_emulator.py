@@ -24,6 +24,7 @@ from gatewayscope.heal.settings import parse_heal_settings
 from gatewayscope.heal.status import heal_status
 from gatewayscope.remediate.journal import Journal
 from gatewayscope.sandbox.bifrost_emulator import ANY, BifrostEmulator, seed_small
+from tests.helpers import run_at_once
 
 WRITES = ("PUT", "POST", "DELETE", "PATCH")
 
@@ -238,18 +239,7 @@ def test_two_heals_on_two_journals_leave_each_record_as_one_would(emu: BifrostEm
     counters = [Counting(), Counting()]
     loops = [setup(emu, tmp_path / f"heal-{i}", ENFORCE, transport=counters[i])[0] for i in range(2)]
     start = over_pool(emu)
-    barrier = threading.Barrier(2)
-    reports: list[Any] = [None, None]
-
-    def run(i: int) -> None:
-        barrier.wait()
-        reports[i] = loops[i].run_pass()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    reports: list[Any] = run_at_once([loop.run_pass for loop in loops])
     assert over_pool(emu) == [] and not drifted(emu)
     # every record exists once, at its pool: no PUT recreated one, none was written with another value
     listing = httpx.get(f"{emu.url}/api/providers", timeout=10).json()["providers"]
