@@ -10,13 +10,15 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import pytest
 
+from gatewayscope.config import AuthConfig, Config, Policy, Target
+from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator
 from gatewayscope.sandbox.processes import ManagedProcess, start_on_free_port
 from gatewayscope.snapshot import (
     CANDIDATE_TRACES_SCHEMA,
@@ -127,6 +129,24 @@ def age(path: str | Path, session_ids: list[str], seconds: float) -> None:
 def session_counts(path: Path) -> dict[str, int]:
     with sqlite3.connect(path) as conn:
         return dict(conn.execute("SELECT session_id, COUNT(*) FROM trace_sessions GROUP BY session_id").fetchall())
+
+
+# -- the Bifrost emulator with admin auth on ---------------------------------------------------------------
+
+def emulator_with_auth(monkeypatch: pytest.MonkeyPatch, user: str, password: str,
+                       password_env: str) -> Iterator[BifrostEmulator]:
+    """The emulator with admin auth on, for a fixture to yield from; the password also in ``password_env``, where
+    a config reads it from (as in production)."""
+    monkeypatch.setenv(password_env, password)
+    with BifrostEmulator(auth=(user, password)) as emulator:
+        yield emulator
+
+
+def auth_config(emu: BifrostEmulator, user: str, password_env: str) -> Config:
+    """The config of one target, ``bifrost``: the emulator, as ``user`` with the password in ``password_env``."""
+    target = Target(name="bifrost", kind="bifrost", url=emu.url,
+                    auth=AuthConfig(username=user, password_env=password_env))
+    return Config(targets=[target], policy=Policy())
 
 
 # -- the targets of hand-made snapshots ----------------------------------------------------------------------

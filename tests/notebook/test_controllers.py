@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gatewayscope.config import AuthConfig, Config, Policy, Target
+from gatewayscope.config import Config, Policy, Target
 from gatewayscope.errors import ConfigError, PlanError
 from gatewayscope.notebook import (
     ConfirmationError,
@@ -35,8 +35,8 @@ from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import load_plan
 from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_realistic, seed_small
 from gatewayscope.sandbox.rollouts import land_late_calls
+from tests.helpers import auth_config, emulator_with_auth, wait_for
 from tests.helpers import gateway_sessions as sessions
-from tests.helpers import wait_for
 
 ADMIN, PASSWORD, PASSWORD_ENV = "admin", "Notebook-Emulator-Pw-7!", "GS_TEST_NOTEBOOK_EMU_PW"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -47,15 +47,11 @@ SAFE = {"drop_excess_requests": False, "enforce_auth_on_inference": True, "disab
 @pytest.fixture
 def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[BifrostEmulator]:
     """The emulator with admin auth on (the credentials come from the config's env var, as in production)."""
-    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
-    with BifrostEmulator(auth=(ADMIN, PASSWORD)) as emulator:
-        yield emulator
+    yield from emulator_with_auth(monkeypatch, ADMIN, PASSWORD, PASSWORD_ENV)
 
 
 def bifrost_config(emu: BifrostEmulator) -> Config:
-    target = Target(name="bifrost", kind="bifrost", url=emu.url,
-                    auth=AuthConfig(username=ADMIN, password_env=PASSWORD_ENV))
-    return Config(targets=[target], policy=Policy())
+    return auth_config(emu, ADMIN, PASSWORD_ENV)
 
 
 def writes(emu: BifrostEmulator) -> list[tuple[str, str]]:

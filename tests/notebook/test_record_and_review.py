@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gatewayscope.config import AuthConfig, Config, Policy, Target
+from gatewayscope.config import Config
 from gatewayscope.errors import ConfigError
 from gatewayscope.notebook import (
     ConfirmationError,
@@ -37,6 +37,7 @@ from gatewayscope.notebook import (
 )
 from gatewayscope.remediate.apply import ActionResult, ApplyOptions
 from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_realistic, seed_small
+from tests.helpers import auth_config, emulator_with_auth
 
 ADMIN, PASSWORD, PASSWORD_ENV = "admin", "Notebook-Record-Pw-3!", "GS_TEST_NOTEBOOK_RECORD_PW"
 HTML_MIME, WIDGET_MIME = "text/html", "application/vnd.jupyter.widget-view+json"
@@ -46,9 +47,7 @@ CLI_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]+")
 
 @pytest.fixture
 def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[BifrostEmulator]:
-    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
-    with BifrostEmulator(auth=(ADMIN, PASSWORD)) as emulator:
-        yield emulator
+    yield from emulator_with_auth(monkeypatch, ADMIN, PASSWORD, PASSWORD_ENV)
 
 
 @pytest.fixture
@@ -68,9 +67,7 @@ def shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def bifrost_config(emu: BifrostEmulator) -> Config:
-    target = Target(name="bifrost", kind="bifrost", url=emu.url,
-                    auth=AuthConfig(username=ADMIN, password_env=PASSWORD_ENV))
-    return Config(targets=[target], policy=Policy())
+    return auth_config(emu, ADMIN, PASSWORD_ENV)
 
 
 def config_file(emu: BifrostEmulator, path: Path, name: str) -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gatewayscope.config import AuthConfig, Config, Policy, Target
+from gatewayscope.config import Config, Policy, Target
 from gatewayscope.remediate.apply import ApplyOptions, ApplyReport, apply_plan
 from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import Plan, build_plan, plan_summary
@@ -30,7 +30,7 @@ from gatewayscope.sandbox.bifrost_emulator import (
 )
 from gatewayscope.snapshot import Snapshot, TargetSnapshot
 from gatewayscope.sources.bifrost import HostResolver, read_bifrost
-from tests.helpers import NOW
+from tests.helpers import NOW, auth_config, emulator_with_auth
 
 KIB = 1024
 ADMIN, PASSWORD, PASSWORD_ENV = "admin", "Emulator-Admin-Pw-42!", "GS_TEST_APPLY_EMU_PW"
@@ -39,16 +39,12 @@ SAFE = {"drop_excess_requests": False, "enforce_auth_on_inference": True, "disab
 
 @pytest.fixture
 def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[BifrostEmulator]:
-    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
-    with BifrostEmulator(auth=(ADMIN, PASSWORD)) as emulator:
-        yield emulator
+    yield from emulator_with_auth(monkeypatch, ADMIN, PASSWORD, PASSWORD_ENV)
 
 
 def make_plan(emu: BifrostEmulator, **kwargs: Any) -> tuple[Plan, Config]:
-    target = Target(name="bifrost", kind="bifrost", url=emu.url,
-                    auth=AuthConfig(username=ADMIN, password_env=PASSWORD_ENV))
-    config = Config(targets=[target], policy=Policy())
-    data = read_bifrost(target, config.policy, resolver=HostResolver())  # real DNS: .invalid never resolves
+    config = auth_config(emu, ADMIN, PASSWORD_ENV)
+    data = read_bifrost(config.targets[0], config.policy, resolver=HostResolver())  # real DNS: .invalid never resolves
     snap = Snapshot(taken_at=NOW, targets=[TargetSnapshot(
         name="bifrost", kind="bifrost", address=emu.url, up=True, started_at=NOW, duration_seconds=0.1,
         bifrost=data)])
