@@ -6,44 +6,48 @@ import argparse
 import logging
 import math
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 from gatewayscope._text import terminal_safe
 from gatewayscope.config import Config, Policy, build_config, load_config
 
 DEFAULT_CONFIG_ENV = "GATEWAYSCOPE_CONFIG"
 
+N = TypeVar("N", int, float)
+
+
+def checked_number(text: str, convert: Callable[[str], N], ok: Callable[[N], bool], not_a_number: str,
+                   out_of_range: str) -> N:
+    """What an argparse type for a number does: ``convert(text)``, refused with ``not_a_number`` when it raises
+    ValueError and with ``out_of_range`` when ``ok`` says no (``argparse.ArgumentTypeError``; both sentences are
+    formatted with ``text`` and ``value``)."""
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(not_a_number.format(text=text)) from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(out_of_range.format(text=text, value=value))
+    return value
+
 
 def non_negative_seconds(text: str) -> float:
     """An argparse type: a finite number of seconds >= 0 (``inf`` and ``nan`` are refused with a sentence)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, not {text!r}")
-    return value
+    return checked_number(text, float, lambda value: math.isfinite(value) and value >= 0,
+                          "expected a number of seconds, not {text!r}",
+                          "expected a finite number of seconds >= 0, not {text!r}")
 
 
 def positive_number(text: str) -> float:
     """An argparse type: a finite number > 0 (seconds, a rate; ``inf`` and ``nan`` are refused with a sentence)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, not {text!r}")
-    return value
+    return checked_number(text, float, lambda value: math.isfinite(value) and value > 0,
+                          "expected a number, not {text!r}", "expected a finite number > 0, not {text!r}")
 
 
 def non_negative_int(text: str) -> int:
     """An argparse type: a whole number >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, not {text!r}")
-    return value
+    return checked_number(text, int, lambda value: value >= 0, "expected a whole number >= 0, not {text!r}",
+                          "expected a whole number >= 0, not {text!r}")
 
 
 def add_policy_arguments(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from gatewayscope._text import terminal_safe
+from gatewayscope.cli.common import checked_number
 from gatewayscope.config import check_url, is_remote_address
 from gatewayscope.errors import ConfigError
 from gatewayscope.guard import sqlite as sqlite_guard
@@ -34,13 +35,9 @@ _RETRY_HINT = (
 
 
 def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text.replace("_", "").replace(",", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is negative; give 0 (unlimited) or more")
-    return value
+    return checked_number(text, lambda digits: int(digits.replace("_", "").replace(",", "")),
+                          lambda value: value >= 0, "{text!r} is not a whole number",
+                          "{text!r} is negative; give 0 (unlimited) or more")
 
 
 def _path_or_url(text: str) -> str:
@@ -54,13 +51,30 @@ def _path_or_url(text: str) -> str:
 
 
 def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds, more than 0")
-    return value
+    return checked_number(text, float, lambda value: math.isfinite(value) and value > 0,
+                          "{text!r} is not a number of seconds",
+                          "{text!r} must be a finite number of seconds, more than 0")
+
+
+#: what a target of status, lift and backfill is
+_TARGET_HELP = "the gateway's SQLite file, or the URL of a 'gatewayscope gateway'"
+
+
+def _add_target(parser: argparse.ArgumentParser, text: str = _TARGET_HELP) -> None:
+    """The ``PATH|URL`` argument of the actions that take a SQLite file or a guarded gateway's URL."""
+    parser.add_argument("target", metavar="PATH|URL", type=_path_or_url, help=text)
+
+
+def _add_timeout(parser: argparse.ArgumentParser) -> None:
+    """The ``--timeout`` of the actions that take a SQLite file or a guarded gateway's URL."""
+    parser.add_argument("--timeout", type=_positive_float, default=REMOTE_TIMEOUT,
+                        metavar="SECONDS", help="busy timeout (SQLite) or request timeout (URL); default 10")
+
+
+def _add_busy_timeout(parser: argparse.ArgumentParser) -> None:
+    """The ``--busy-timeout`` of the actions that write the guard into a SQLite file."""
+    parser.add_argument("--busy-timeout", type=_positive_float, default=sqlite_guard.DEFAULT_BUSY_TIMEOUT,
+                        metavar="SECONDS", help="wait this long for the gateway's write lock (default 10)")
 
 
 def register(subparsers: Any) -> None:
@@ -103,8 +117,7 @@ def register(subparsers: Any) -> None:
     install.add_argument("--capacity", type=_non_negative_int, metavar="N",
                          help="keep at most N tombstones, evicting the oldest first (default 1,000,000 on "
                               "a first install, else unchanged; 0 = unlimited)")
-    install.add_argument("--busy-timeout", type=_positive_float, default=sqlite_guard.DEFAULT_BUSY_TIMEOUT,
-                         metavar="SECONDS", help="wait this long for the gateway's write lock (default 10)")
+    _add_busy_timeout(install)
     install.add_argument("--full-check", action="store_true",
                          help="check the whole file before writing, however long that holds up the gateway's "
                               "writes (a store in DELETE journal mode too large to check within "
@@ -121,14 +134,12 @@ def register(subparsers: Any) -> None:
             "Read-only. Exit 0 when the guard is installed and intact, 1 otherwise."
         ),
     )
-    status.add_argument("target", metavar="PATH|URL", type=_path_or_url,
-                        help="the gateway's SQLite file, or the URL of a 'gatewayscope gateway'")
+    _add_target(status)
     status.add_argument("--format", choices=("text", "json"), default="text",
                         help="text (default) for people, json for programs")
     status.add_argument("--top", type=_non_negative_int, default=sqlite_guard.DEFAULT_TOP, metavar="N",
                         help="list the N sessions with the most dropped writes (default 10; SQLite only)")
-    status.add_argument("--timeout", type=_positive_float, default=REMOTE_TIMEOUT,
-                        metavar="SECONDS", help="busy timeout (SQLite) or request timeout (URL); default 10")
+    _add_timeout(status)
     status.set_defaults(func=run_status)
 
     uninstall = actions.add_parser(
@@ -141,8 +152,7 @@ def register(subparsers: Any) -> None:
         ),
     )
     uninstall.add_argument("path", metavar="PATH", help="the gateway's SQLite file")
-    uninstall.add_argument("--busy-timeout", type=_positive_float, default=sqlite_guard.DEFAULT_BUSY_TIMEOUT,
-                           metavar="SECONDS", help="wait this long for the gateway's write lock (default 10)")
+    _add_busy_timeout(uninstall)
     uninstall.set_defaults(func=run_uninstall)
 
     lift = actions.add_parser(
@@ -154,11 +164,9 @@ def register(subparsers: Any) -> None:
             "writes came after the delete and are kept anyway."
         ),
     )
-    lift.add_argument("target", metavar="PATH|URL", type=_path_or_url,
-                      help="the gateway's SQLite file, or the URL of a 'gatewayscope gateway'")
+    _add_target(lift)
     lift.add_argument("session_id", metavar="SESSION_ID", help="the session whose tombstone to lift")
-    lift.add_argument("--timeout", type=_positive_float, default=REMOTE_TIMEOUT,
-                      metavar="SECONDS", help="busy timeout (SQLite) or request timeout (URL); default 10")
+    _add_timeout(lift)
     lift.set_defaults(func=run_lift)
 
     backfill = actions.add_parser(
@@ -170,16 +178,13 @@ def register(subparsers: Any) -> None:
             "new. Tombstone first, then delete, so a straggler landing in between is dropped."
         ),
     )
-    backfill.add_argument("target", metavar="PATH|URL", type=_path_or_url,
-                          help="the gateway's SQLite file (guard installed), or the URL of a 'gatewayscope "
-                               "gateway'")
+    _add_target(backfill, "the gateway's SQLite file (guard installed), or the URL of a 'gatewayscope gateway'")
     source = backfill.add_mutually_exclusive_group(required=True)
     source.add_argument("--ids-file", metavar="FILE",
                         help="one session id per line; blank lines and # comments skipped; - for stdin")
     source.add_argument("session_ids", nargs="*", default=[], metavar="SESSION_ID",
                         help="session ids given on the command line")
-    backfill.add_argument("--timeout", type=_positive_float, default=REMOTE_TIMEOUT,
-                          metavar="SECONDS", help="busy timeout (SQLite) or request timeout (URL); default 10")
+    _add_timeout(backfill)
     backfill.set_defaults(func=run_backfill)
 
     runner = actions.add_parser(

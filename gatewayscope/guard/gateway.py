@@ -44,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gatewayscope._files import MAX_CONFIG_BYTES, UnreadableFileError, check_regular
+from gatewayscope.cli.common import checked_number
 from gatewayscope.errors import ConfigError, GatewayscopeError
 from gatewayscope.guard.memory import (
     DEFAULT_MAX_TOMBSTONES,
@@ -96,13 +97,8 @@ METRIC_HELP = {
 
 
 def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 (0 disables the guard), not {value}")
-    return value
+    return checked_number(text, int, lambda value: value >= 0, "expected a whole number >= 0, not {text!r}",
+                          "expected a whole number >= 0 (0 disables the guard), not {value}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from gatewayscope.cli.common import non_negative_seconds
+from gatewayscope.cli.common import checked_number, non_negative_seconds
 from gatewayscope.errors import ConfigError
 from gatewayscope.sandbox.bifrost_emulator.seed import DEFAULT_LIVE_PORT, DEFAULT_RNG_SEED, SEED_NAMES, apply_seed
 from gatewayscope.sandbox.bifrost_emulator.server import BifrostEmulator, EmulatorOptions
@@ -28,25 +28,15 @@ DEFAULT_PASSWORD_ENV = "GATEWAYSCOPE_EMULATOR_PASSWORD"
 
 def _port(text: str) -> int:
     """An argparse type: a TCP port, 0 (a free one) to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, not {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, not {text!r}")
-    return value
+    return checked_number(text, int, lambda value: 0 <= value <= 65535, "expected a port number, not {text!r}",
+                          "expected a port from 0 to 65535, not {text!r}")
 
 
 def _whole(minimum: int) -> Any:
     """An argparse type: a whole number >= ``minimum``."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, not {text!r}")
-        return value
+        return checked_number(text, int, lambda value: value >= minimum, "expected a whole number, not {text!r}",
+                              f"expected a whole number >= {minimum}, not {{text!r}}")
     return parse
 
 
