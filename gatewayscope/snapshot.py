@@ -206,14 +206,11 @@ class Snapshot:
             entry = {k: v for k, v in dataclasses.asdict(_shallow(snap)).items()}
             entry.pop("trace_store", None)
             entry.pop("bifrost", None)
+            prefix = f"t{index}"
             if snap.trace_store is not None:
                 data = snap.trace_store
-                prefix = f"t{index}"
-                data.sessions.write_parquet(out / f"{prefix}_sessions.parquet")
-                data.candidate_traces.write_parquet(out / f"{prefix}_candidate_traces.parquet")
                 entry["trace_store"] = {
-                    "sessions": f"{prefix}_sessions.parquet",
-                    "candidate_traces": f"{prefix}_candidate_traces.parquet",
+                    **_write_frames(out, prefix, sessions=data.sessions, candidate_traces=data.candidate_traces),
                     "tombstoned_ids": data.tombstoned_ids,
                     "fences": data.fences,
                     "reused_ids": data.reused_ids,
@@ -228,12 +225,8 @@ class Snapshot:
                     entry["trace_store"]["also_read"] = sorted(data.also_read)
             if snap.bifrost is not None:
                 bif = snap.bifrost
-                prefix = f"t{index}"
-                bif.records.write_parquet(out / f"{prefix}_records.parquet")
-                bif.reachability.write_parquet(out / f"{prefix}_reachability.parquet")
                 entry["bifrost"] = {
-                    "records": f"{prefix}_records.parquet",
-                    "reachability": f"{prefix}_reachability.parquet",
+                    **_write_frames(out, prefix, records=bif.records, reachability=bif.reachability),
                     "client_config": bif.client_config,
                     "version": bif.version,
                     "health": bif.health,
@@ -322,6 +315,15 @@ class Snapshot:
                 )
             targets.append(snap)
         return cls(taken_at=manifest["taken_at"], targets=targets, tool_version=manifest.get("tool_version", ""))
+
+
+def _write_frames(out: Path, prefix: str, **frames: pl.DataFrame) -> dict[str, str]:
+    """Write each frame to ``out`` as ``{prefix}_{name}.parquet``; the file's name by the frame's, for the
+    manifest."""
+    names = {name: f"{prefix}_{name}.parquet" for name in frames}
+    for name, frame in frames.items():
+        frame.write_parquet(out / names[name])
+    return names
 
 
 def _shallow(snap: TargetSnapshot) -> TargetSnapshot:
