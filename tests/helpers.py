@@ -149,6 +149,20 @@ def auth_config(emu: BifrostEmulator, user: str, password_env: str) -> Config:
     return Config(targets=[target], policy=Policy())
 
 
+def auth_config_file(emu: BifrostEmulator, path: Path, name: str, user: str, password_env: str) -> Path:
+    """``auth_config`` as a config file at ``path`` (its one target named ``name``); the path."""
+    path.write_text(f"""
+[[targets]]
+name = "{name}"
+kind = "bifrost"
+url = "{emu.url}"
+[targets.auth]
+username = "{user}"
+password_env = "{password_env}"
+""")
+    return path
+
+
 # -- the targets of hand-made snapshots ----------------------------------------------------------------------
 
 def trace_store_target(sessions: Sequence[tuple[Any, ...]], candidate_traces: Sequence[tuple[Any, ...]] = (), *,

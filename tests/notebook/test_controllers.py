@@ -35,7 +35,7 @@ from gatewayscope.remediate.journal import Journal
 from gatewayscope.remediate.plan import load_plan
 from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_realistic, seed_small
 from gatewayscope.sandbox.rollouts import land_late_calls
-from tests.helpers import auth_config, emulator_with_auth, wait_for
+from tests.helpers import auth_config, auth_config_file, emulator_with_auth, wait_for
 from tests.helpers import gateway_sessions as sessions
 
 ADMIN, PASSWORD, PASSWORD_ENV = "admin", "Notebook-Emulator-Pw-7!", "GS_TEST_NOTEBOOK_EMU_PW"
@@ -159,16 +159,7 @@ def test_the_target_picker_takes_a_config_file(emu: BifrostEmulator, tmp_path: P
     view.scan_button.click()
     assert isinstance(view.last_error, ConfigError) and "No targets" in str(view.last_error)
 
-    config = tmp_path / "gatewayscope.toml"
-    config.write_text(f"""
-[[targets]]
-name = "edge"
-kind = "bifrost"
-url = "{emu.url}"
-[targets.auth]
-username = "{ADMIN}"
-password_env = "{PASSWORD_ENV}"
-""")
+    config = auth_config_file(emu, tmp_path / "gatewayscope.toml", "edge", ADMIN, PASSWORD_ENV)
     view.config_path.value = str(config)
     view.scan_button.click()
     view.check()

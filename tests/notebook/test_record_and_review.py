@@ -37,7 +37,7 @@ from gatewayscope.notebook import (
 )
 from gatewayscope.remediate.apply import ActionResult, ApplyOptions
 from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_realistic, seed_small
-from tests.helpers import auth_config, emulator_with_auth
+from tests.helpers import auth_config, auth_config_file, emulator_with_auth
 
 ADMIN, PASSWORD, PASSWORD_ENV = "admin", "Notebook-Record-Pw-3!", "GS_TEST_NOTEBOOK_RECORD_PW"
 HTML_MIME, WIDGET_MIME = "text/html", "application/vnd.jupyter.widget-view+json"
@@ -71,16 +71,7 @@ def bifrost_config(emu: BifrostEmulator) -> Config:
 
 
 def config_file(emu: BifrostEmulator, path: Path, name: str) -> Path:
-    path.write_text(f"""
-[[targets]]
-name = "{name}"
-kind = "bifrost"
-url = "{emu.url}"
-[targets.auth]
-username = "{ADMIN}"
-password_env = "{PASSWORD_ENV}"
-""")
-    return path
+    return auth_config_file(emu, path, name, ADMIN, PASSWORD_ENV)
 
 
 def no_wait() -> ApplyOptions:
