@@ -268,14 +268,20 @@ def test_partial_unlink_is_not_a_session_delete(gw: Gateway, db: Path) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def test_fifo_capacity_evicts_the_oldest_first_and_counts(gw: Gateway, db: Path) -> None:
-    for i in range(5):
+def deleted_under_capacity(gw: Gateway, db: Path, sessions: int, capacity: int) -> guard.GuardStatus:
+    """Sessions ``s0``... (one trace each) written, the guard installed with ``capacity``, then every session
+    deleted, oldest first; the guard's status."""
+    for i in range(sessions):
         gw.write(f"t{i}", f"s{i}")
-    guard.install(db, capacity=3)
-    for i in range(5):
+    guard.install(db, capacity=capacity)
+    for i in range(sessions):
         gw.delete(f"s{i}")
+    return guard.status(db)
+
+
+def test_fifo_capacity_evicts_the_oldest_first_and_counts(gw: Gateway, db: Path) -> None:
+    status = deleted_under_capacity(gw, db, 5, capacity=3)
     assert set(tombstones(db)) == {"s2", "s3", "s4"}
-    status = guard.status(db)
     assert (status.tombstones, status.capacity, status.evicted) == (3, 3, 2)
     gw.write("late0", "s0")  # the evicted tombstone no longer protects s0: the cap is a backstop
     gw.write("late4", "s4")
@@ -287,12 +293,7 @@ def test_fifo_capacity_evicts_the_oldest_first_and_counts(gw: Gateway, db: Path)
 
 
 def test_capacity_zero_is_unlimited(gw: Gateway, db: Path) -> None:
-    for i in range(6):
-        gw.write(f"t{i}", f"s{i}")
-    guard.install(db, capacity=0)
-    for i in range(6):
-        gw.delete(f"s{i}")
-    status = guard.status(db)
+    status = deleted_under_capacity(gw, db, 6, capacity=0)
     assert (status.tombstones, status.capacity, status.evicted) == (6, 0, 0)
 
 
