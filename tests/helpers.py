@@ -7,6 +7,8 @@ Import as ``from tests.helpers import wait_for`` (pytest puts the project root o
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -73,6 +75,18 @@ def run_at_once(calls: Sequence[Callable[[], T]], *, timeout: float = 120.0) -> 
     for thread in threads:
         thread.join(timeout=timeout)
     return results
+
+
+def ci_program(name: str, package: str, ci_note: str) -> str:
+    """The path of the program ``name`` (Debian's ``package``); where it is missing the test is skipped, except
+    under CI (the ``CI`` variable set), where it fails, ``ci_note`` saying how CI installs it."""
+    path = shutil.which(name)
+    if path:
+        return path
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is not on PATH, and CI must run these tests: install Debian's '{package}' package "
+                    f"({ci_note})")
+    pytest.skip(f"{name} is not installed (Debian: apt-get install {package}); CI runs these tests")
 
 
 def gateway_sessions(url: str) -> dict[str, int]:

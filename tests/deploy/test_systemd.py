@@ -12,7 +12,6 @@ reason, and under CI (``CI`` set) they fail instead (``.ci/run`` installs it).
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -24,7 +23,7 @@ import httpx
 import pytest
 
 from gatewayscope.sandbox.processes import free_port
-from tests.helpers import wait_for
+from tests.helpers import ci_program, wait_for
 
 #: every test here starts a process (make e2e runs them)
 pytestmark = pytest.mark.e2e
@@ -40,14 +39,7 @@ REQUIRED = {"DynamicUser": "yes", "ProtectSystem": "strict", "ProtectHome": "yes
 
 
 def systemd_analyze() -> str:
-    path = shutil.which("systemd-analyze")
-    if path:
-        return path
-    if os.environ.get("CI"):
-        pytest.fail("systemd-analyze is not on PATH, and CI must run these tests: install Debian's 'systemd' "
-                    "package (.ci/run does)")
-    pytest.skip("systemd-analyze is not installed (Debian: apt-get install systemd); CI runs these tests")
-    raise AssertionError  # unreachable
+    return ci_program("systemd-analyze", "systemd", ".ci/run does")
 
 
 def settings(path: Path) -> list[tuple[str, str, str]]:

@@ -8,9 +8,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ from typing import Any
 import pytest
 
 from gatewayscope.exporter.collectors import METRICS
+from tests.helpers import ci_program
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"
@@ -162,13 +161,7 @@ def github_anchors(markdown: str) -> set[str]:
 
 def promtool() -> str:
     """Debian's promtool; skipped where it is missing, except under CI (the ``CI`` variable set)."""
-    path = shutil.which("promtool")
-    if path:
-        return path
-    if os.environ.get("CI"):
-        pytest.fail("promtool is not on PATH, and CI must run these tests: install Debian's 'prometheus' package "
-                    "(.ci/run does: apt-get install prometheus)")
-    pytest.skip("promtool is not installed (Debian: apt-get install prometheus); CI runs these tests")
+    return ci_program("promtool", "prometheus", ".ci/run does: apt-get install prometheus")
 
 
 def run_promtool(*args: str, cwd: Path = PROMETHEUS_DIR, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -7,14 +7,14 @@ own instance. ``tests/e2e/test_fleet_e2e.py`` runs the same file against a real 
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.mixin.mixin_files import promtool
 
 yaml = pytest.importorskip("yaml")
 
@@ -25,12 +25,7 @@ FEDERATE = PROMETHEUS_DIR / "federate-fleet.yml"
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     """promtool in the examples' folder; skipped where it is missing, except under CI (as in test_rules.py)."""
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is not on PATH; CI installs Debian's 'prometheus' package (.ci/run)")
-        pytest.skip("promtool is not installed (Debian: apt-get install prometheus); CI runs these tests")
-    return subprocess.run([path, *args], capture_output=True, text=True, timeout=120, cwd=PROMETHEUS_DIR)
+    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=120, cwd=PROMETHEUS_DIR)
 
 
 def fleet() -> dict[str, Any]:
