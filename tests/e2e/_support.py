@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from gatewayscope.sandbox.processes import ManagedProcess
 from gatewayscope.sandbox.rollouts import RolloutRun, run_rollouts
+from tests.helpers import start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -49,3 +51,13 @@ def prometheus_or_skip() -> str:
             pytest.fail("prometheus is not on PATH; CI installs Debian's 'prometheus' package (.ci/run)")
         pytest.skip("prometheus is not installed (Debian: apt-get install prometheus); CI runs this test")
     return prometheus_bin
+
+
+def start_prometheus(prometheus_bin: str, config: Path, data_dir: Path) -> tuple[ManagedProcess, str]:
+    """Prometheus (``prometheus_bin``) on a free loopback port, reading ``config`` and keeping its TSDB in
+    ``data_dir``, once it is ready; its process and URL."""
+    return start_server(
+        "prometheus",
+        lambda port: [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
+                      f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        "/-/ready")

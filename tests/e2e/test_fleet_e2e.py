@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e._support import start_prometheus
 from tests.helpers import start_server as start
 from tests.helpers import wait_for as wait_until
 
@@ -113,12 +114,7 @@ def test_scrape_fleet_100_in_a_real_prometheus(processes: list[Any], gateway_fla
     next(j for j in config["scrape_configs"] if j["job_name"] == "gatewayscope-exporter")["static_configs"] = [
         {"targets": sorted(shards)}]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    prometheus, prometheus_url = start(
-        "prometheus",
-        lambda port: [prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
-                      f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
-                      "--log.level=warn"],
-        "/-/ready")
+    prometheus, prometheus_url = start_prometheus(prometheus_bin, tmp_path / "prometheus.yml", tmp_path / "tsdb")
     processes.append(prometheus)
 
     # all 100 gateways up, each its own instance, each through the exporter holding it

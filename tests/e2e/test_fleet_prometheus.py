@@ -37,7 +37,7 @@ from gatewayscope.analysis.fleet import BOOT_MEMORY_SCHEMA, ORPHAN_GROWTH_SCHEMA
 from gatewayscope.analysis.posture import SAFE_POSTURE
 from gatewayscope.errors import HTTPStatusError
 from gatewayscope.sandbox.processes import ManagedProcess, free_port
-from tests.e2e._support import execute, rollouts
+from tests.e2e._support import execute, rollouts, start_prometheus
 from tests.helpers import start_server, write_store
 from tests.helpers import wait_for as poll
 
@@ -137,11 +137,7 @@ def fleet(rllm_gateway: Any, emulator: Any, tmp_path: Path) -> Iterator[Fleet]:
         # warm the exporter's reads before Prometheus's short scrape deadlines apply
         httpx.get(exporter_url + "/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": "60"}, timeout=90)
         prometheus_config(tmp_path / "prometheus.yml", exporter_url.removeprefix("http://"), list(places))
-        prometheus, prometheus_url = start_server(
-            "prometheus", lambda port: [prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                        f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            "/-/ready")
+        prometheus, prometheus_url = start_prometheus(prometheus_bin, tmp_path / "prometheus.yml", tmp_path / "tsdb")
         value = partial(prometheus_value, prometheus_url)
         orphans = 'sum(gatewayscope_trace_store_orphan_sessions{{job="{job}", target="rllm-plain"}})'
         for job in ("gatewayscope", "gatewayscope-targets"):  # both views of the target, before the growth

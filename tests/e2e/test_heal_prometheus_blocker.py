@@ -21,8 +21,8 @@ from gatewayscope.heal.loop import HealLoop
 from gatewayscope.heal.settings import parse_heal_settings
 from gatewayscope.sandbox.bifrost_emulator import BifrostEmulator, seed_small
 from gatewayscope.sandbox.processes import free_port
-from tests.e2e._support import prometheus_or_skip
-from tests.helpers import start_server, wait_for
+from tests.e2e._support import prometheus_or_skip, start_prometheus
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -102,10 +102,7 @@ def test_a_firing_blocker_alert_holds_every_write(emu: BifrostEmulator, tmp_path
             f"rule_files:\n  - {tmp_path / 'rules.yml'}\n"
             f"scrape_configs:\n  - job_name: maintenance\n    static_configs:\n      - targets: ['{gauge.address}']\n")
         gauge.value = 1
-        prometheus, url = start_server(
-            "prometheus", lambda port: [prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                        f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], "/-/ready")
+        prometheus, url = start_prometheus(prometheus_bin, tmp_path / "prometheus.yml", tmp_path / "tsdb")
         try:
             wait_for("the alert to fire", lambda: firing(url), lambda names: ALERT in names, timeout=60)
             loop = heal(emu, tmp_path / "heal", url)

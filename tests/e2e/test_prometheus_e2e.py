@@ -46,7 +46,7 @@ import pytest
 
 from gatewayscope.config import DEFAULT_MEMORY_LIMIT_BYTES
 from gatewayscope.sandbox.processes import ManagedProcess, free_port
-from tests.e2e._support import prometheus_or_skip, rollouts
+from tests.e2e._support import prometheus_or_skip, rollouts, start_prometheus
 from tests.helpers import start_server as start_on_free_port
 from tests.helpers import wait_for as wait_until
 
@@ -241,12 +241,7 @@ def test_every_panel_and_alert_against_a_real_prometheus(
         dead_exporter = f"127.0.0.1:{free_port()}"
         prometheus_config(tmp_path / "prometheus.yml", exporter_url.removeprefix("http://"), dead_exporter)
         data_dir = tmp_path / "tsdb"
-        prometheus, prometheus_url = start_on_free_port(
-            "prometheus",
-            lambda port: [prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
-                          f"--storage.tsdb.path={data_dir}", f"--web.listen-address=127.0.0.1:{port}",
-                          "--log.level=warn"],
-            "/-/ready")
+        prometheus, prometheus_url = start_prometheus(prometheus_bin, tmp_path / "prometheus.yml", data_dir)
         prom = Prom(prometheus_url)
 
         # every job up, every target seen through /metrics and through /probe (instance = target name)
@@ -424,12 +419,7 @@ def test_every_dashboard_panel_has_data_for_its_kind_on_the_sandbox(gateway_flav
 
         prometheus_config(tmp_path / "prometheus.yml", box.run.exporter_url.removeprefix("http://"), None,
                           targets=sorted(kinds))
-        prometheus, prometheus_url = start_on_free_port(
-            "prometheus",
-            lambda port: [prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
-                          f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
-                          "--log.level=warn"],
-            "/-/ready")
+        prometheus, prometheus_url = start_prometheus(prometheus_bin, tmp_path / "prometheus.yml", tmp_path / "tsdb")
         try:
             prom = Prom(prometheus_url)
             wait_for("every target probed", lambda: {r["metric"]["target"] for r in prom.query(
