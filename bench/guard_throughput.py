@@ -8,21 +8,27 @@ interpreter ``GATEWAYSCOPE_GATEWAY_PYTHON`` would name; the row is an ERROR nami
 it is not installed).
 
 Both gateways of a row run at once, in front of one stub worker (``gatewayscope.sandbox.stub_worker``, no
-generation delay: the gateway's own cost is all there is to measure). A load child sends a fixed number
-of chat calls (``POST /sessions/{sid}/v1/chat/completions``, four calls per session, as an agent makes
-them) at a fixed concurrency over keep-alive connections and records every call's latency. After a
-warm-up load on each gateway (not counted), runs alternate plain and guarded, switching which goes first
-each round, so drift of the machine falls on both sides alike. Throughput is calls over seconds of all
-runs of a side; p95 over all calls of a side.
+generation delay: the gateway's own cost is all there is to measure), and are loaded at once: each round,
+two load children, one a gateway, send chat calls (``POST /sessions/{sid}/v1/chat/completions``, four
+calls per session, as an agent makes them) at a fixed concurrency over keep-alive connections through the
+same time window, and count the calls answered within it. The two sides share the machine's cores for
+the whole window, so a gateway that spends more per call answers fewer calls, and whatever else the
+machine does in that window falls on both sides alike (run one after the other, two identical runs of
+this load differed by more than a third on this 2-core machine, ten times the effect to measure).
+Throughput is a side's calls over all rounds' windows; p95 over all its calls. A warm-up window on both
+comes first and is not counted.
 
-Children: ``python -m bench.guard_throughput load PORT CALLS CONCURRENCY TAG`` (used by the benchmark only).
+Children: ``python -m bench.guard_throughput load PORT CONCURRENCY TAG START SECONDS`` (used by the benchmark
+only; START is a ``time.monotonic()`` stamp, system-wide on Linux).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
+import itertools
 import os
 import sys
 import tempfile
@@ -34,8 +40,10 @@ from typing import Any
 from bench.common import REPO_ROOT, BenchContext, BenchError, BenchResult, Check, children, register, run_child
 
 MODULE = "bench.guard_throughput"
-#: calls per run, warm-up calls, connections
-SIZES = {"full": (2000, 300, 8), "small": (600, 100, 8), "tiny": (40, 10, 4)}
+#: seconds of a measured window, seconds of the warm-up window, connections a side
+SIZES = {"full": (8.0, 2.0, 8), "small": (3.0, 1.0, 8), "tiny": (0.5, 0.3, 4)}
+#: the parent's lead before a window opens: both children have started by then
+START_LEAD = 3.0
 THROUGHPUT_TARGET = 0.97
 P95_TARGET = 1.15
 UPSTREAM_VENV = REPO_ROOT / ".venv-upstream"
@@ -49,36 +57,45 @@ def upstream_python() -> str | None:
 
 # -- the load child ---------------------------------------------------------------------------------
 
-async def _load(port: int, calls: int, concurrency: int, tag: str) -> tuple[float, list[float]]:
+async def _load(port: int, concurrency: int, tag: str, start: float, seconds: float) -> dict[str, Any]:
+    """Chat calls from ``start`` to ``start + seconds``: the latencies of those answered within the window."""
     from bench._support import _chat_body, _Connection
 
+    conns = [await _Connection.open(port) for _ in range(concurrency)]
+    if time.monotonic() > start:
+        raise BenchError(f"the load child for port {port} was ready after its window opened")
+    await asyncio.sleep(start - time.monotonic())
+    end = start + seconds
     latencies: list[float] = []
-    counter = iter(range(calls))
+    counter = itertools.count()
 
-    async def worker() -> None:
-        conn = await _Connection.open(port)
-        try:
-            for k in counter:  # bounded: the shared iterator hands out each of the calls once
-                body = _chat_body(20, k)
-                start = time.monotonic()
-                status, _ = await conn.request("POST", f"/sessions/tp-{tag}-{k // 4}:0/v1/chat/completions", body)
-                latencies.append(time.monotonic() - start)
-                if status != 200:
-                    raise BenchError(f"a chat call answered {status}")
-        finally:
+    async def worker(conn: Any) -> None:
+        # bounded: no call starts after the window closes; one in flight then is not counted
+        while time.monotonic() < end:
+            k = next(counter)
+            body = _chat_body(20, k)
+            begun = time.monotonic()
+            status, _ = await conn.request("POST", f"/sessions/tp-{tag}-{k // 4}:0/v1/chat/completions", body)
+            done = time.monotonic()
+            if status != 200:
+                raise BenchError(f"a chat call answered {status}")
+            if done <= end:
+                latencies.append(done - begun)
+
+    try:
+        await asyncio.gather(*(worker(conn) for conn in conns))
+    finally:
+        for conn in conns:
             conn.close()
-
-    start = time.monotonic()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return time.monotonic() - start, latencies
-
-
-def _child_load(port: int, calls: int, concurrency: int, tag: str) -> dict[str, Any]:
-    seconds, latencies = asyncio.run(_load(port, calls, concurrency, tag))
     return {"seconds": seconds, "latencies": [round(value, 6) for value in latencies]}
 
 
-child_main = children(MODULE, "load PORT CALLS CONCURRENCY TAG", [("load", _child_load, (int, int, int, str))])
+def _child_load(port: int, concurrency: int, tag: str, start: float, seconds: float) -> dict[str, Any]:
+    return asyncio.run(_load(port, concurrency, tag, start, seconds))
+
+
+child_main = children(MODULE, "load PORT CONCURRENCY TAG START SECONDS",
+                      [("load", _child_load, (int, int, str, float, float))])
 
 
 # -- the gateways -----------------------------------------------------------------------------------
@@ -121,35 +138,47 @@ def measure(ctx: BenchContext, kind: str, flavour: str) -> BenchResult:
     if python is None:
         return BenchResult(name=name, row=row, error=f"the upstream gateway is not installed in {UPSTREAM_VENV} "
                                                       "(run make upstream)")
-    calls, warm, concurrency = SIZES[ctx.size]
+    window, warm, concurrency = SIZES[ctx.size]
     rounds = ctx.runs_or(5, 3, 1)
     runs: dict[str, list[dict[str, Any]]] = {"plain": [], "guarded": []}
     with gateway_pair(kind, python) as (plain_port, guarded_port):
         ports = {"plain": plain_port, "guarded": guarded_port}
-        for side in ports:
-            run_child(MODULE, "load", str(ports[side]), str(warm), str(concurrency), f"warm-{side}-{os.getpid()}")
+        together(ports, concurrency, "warm", warm)
         for i in range(rounds):
-            for side in (("plain", "guarded") if i % 2 == 0 else ("guarded", "plain")):
-                runs[side].append(run_child(MODULE, "load", str(ports[side]), str(calls), str(concurrency),
-                                            f"{side}-{i}-{os.getpid()}"))
+            for side, result in together(ports, concurrency, str(i), window).items():
+                runs[side].append(result)
     seconds = {side: sum(r["seconds"] for r in runs[side]) for side in runs}
     latencies = {side: [x for r in runs[side] for x in r["latencies"]] for side in runs}
-    if any(len(latencies[side]) != rounds * calls for side in runs):
-        raise BenchError("a load run lost calls")
+    if any(not latencies[side] for side in runs):
+        raise BenchError("a side answered no call within its windows")
     throughput = {side: len(latencies[side]) / seconds[side] for side in runs}
     tail = {side: p95(latencies[side]) for side in runs}
+    per_round = [len(guarded["latencies"]) / max(len(plain["latencies"]), 1)
+                 for guarded, plain in zip(runs["guarded"], runs["plain"], strict=True)]
     return BenchResult(
         name=name, row=row,
-        ours_seconds=seconds["guarded"] / rounds, baseline_seconds=seconds["plain"] / rounds,
+        # a side's seconds for the plain side's number of calls: the throughput ratio as a time ratio
+        ours_seconds=len(latencies["plain"]) / throughput["guarded"] / rounds,
+        baseline_seconds=len(latencies["plain"]) / throughput["plain"] / rounds,
         checks=[Check("throughput", throughput["guarded"] / throughput["plain"], THROUGHPUT_TARGET, "x",
                       at_least=True),
                 Check("p95", tail["guarded"] / tail["plain"], P95_TARGET, "x")],
         extras={"calls/s": f"guarded {throughput['guarded']:,.0f}, plain {throughput['plain']:,.0f}",
                 "p95": f"guarded {tail['guarded'] * 1000:.1f} ms, plain {tail['plain'] * 1000:.1f} ms",
-                "load": f"{rounds} x {calls} calls a side at concurrency {concurrency} (warm-up {warm})",
-                "runs (s)": "guarded " + "/".join(f"{r['seconds']:.2f}" for r in runs["guarded"])
-                            + ", plain " + "/".join(f"{r['seconds']:.2f}" for r in runs["plain"])},
+                "load": f"{rounds} windows of {window:g} s, both sides at once, {concurrency} connections a side "
+                        f"(warm-up {warm:g} s)",
+                "rounds (guarded / plain calls)": "/".join(f"{ratio:.2f}" for ratio in per_round)},
     )
+
+
+def together(ports: dict[str, int], concurrency: int, tag: str, seconds: float) -> dict[str, dict[str, Any]]:
+    """One window of load on every side at once: each side's load child's result."""
+    start = time.monotonic() + START_LEAD
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(ports)) as pool:
+        futures = {side: pool.submit(run_child, MODULE, "load", str(port), str(concurrency),
+                                     f"{side}-{tag}-{os.getpid()}", repr(start), repr(seconds))
+                   for side, port in ports.items()}
+        return {side: future.result() for side, future in futures.items()}
 
 
 # one row per guard and gateway, in the table's order: the launcher and the triggers on 0.1.0, then on upstream

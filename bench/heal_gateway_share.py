@@ -8,11 +8,11 @@ What it measures, in one run, against one gateway process:
   (short, explicitly allowed) idle threshold, the rest live sessions of two traces;
 * the chat probe: an agent's call (50 ms of generation at the stub worker), 10 a second, in its own process;
   its p95 idle first, with nothing else running;
-* the exporter alone first (``gatewayscope export``, same config, same window), as a figure: what the reads cost;
+* the exporter alone first (``gatewayscope export``, same config, full 120 s), as a figure: what the reads cost;
 * ours: ``gatewayscope export --heal`` as its own process (suspected deletes enforced, every other default:
-  caps of 100 actions and 50 deletes a target a pass, deletes paced to 75% of the gateway's time), scraped every
-  scrape interval (full 15 s) for the window, passes every interval; the probe runs meanwhile, and its p95 over
-  the window is the row's figure.
+  caps of 100 actions and 50 deletes a target a pass, deletes paced to heal's ``delete_share`` of the gateway's
+  time), scraped every scrape interval (full 15 s) for the window (full 300 s, so that passes end in it),
+  passing every interval; the probe runs meanwhile, and its p95 over the window is the row's figure.
 
 Target: the p95 during exporter + heal <= 1.2x the idle p95.
 """
@@ -31,8 +31,9 @@ from typing import Any
 from bench.common import BenchContext, BenchError, BenchResult, child_env, ratio_result, register
 
 NAME = "heal-gateway-share"
-#: sessions in the store (a tenth of them orphans), the scrape (and heal) interval, each measured window
-SIZES = {"full": (100_000, 15.0, 120.0), "small": (10_000, 5.0, 40.0), "tiny": (300, 2.0, 8.0)}
+#: sessions in the store (a tenth of them orphans), the scrape (and heal) interval, the window of exporter + heal:
+#: long enough for passes to end in it (at 100k sessions a pass's 50 paced deletes take about 100 s)
+SIZES = {"full": (100_000, 15.0, 300.0), "small": (10_000, 5.0, 40.0), "tiny": (300, 2.0, 8.0)}
 PROBE_RATE = 10.0
 AGENT_DELAY = 0.05
 P95_TARGET = 1.2
@@ -116,6 +117,7 @@ def heal_gateway_share(ctx: BenchContext) -> BenchResult:
 
     n_sessions, interval, window = SIZES[ctx.size]
     idle_window = ctx.pick(30.0, 15.0, 4.0)
+    alone_window = ctx.pick(120.0, 40.0, 8.0)
     with run_gateway() as gateway, tempfile.TemporaryDirectory(prefix="gatewayscope-bench-heal-") as tmp:
         orphans, built = fill_orphans_and_live(gateway, n_sessions // 10, n_sessions - n_sessions // 10, live_calls=2)
         time.sleep(1.5)  # the orphans idle past heal's threshold
@@ -125,10 +127,12 @@ def heal_gateway_share(ctx: BenchContext) -> BenchResult:
 
         config = os.path.join(tmp, "gatewayscope.toml")
         _config(config, gateway.url, os.path.join(tmp, "heal"), interval)
-        alone, _, _, _ = _measure(gateway, config, interval, window, heal=False)
+        alone, _, _, _ = _measure(gateway, config, interval, alone_window, heal=False)
         during, scrapes, last, _ = _measure(gateway, config, interval, window, heal=True)
     passes = _metric(last, "gatewayscope_heal_passes_total")
     deleted = _metric(last, "gatewayscope_heal_actions_total", 'kind="session_delete"', 'outcome="done"')
+    if passes < 1:
+        raise BenchError(f"no heal pass ended within the {window:.0f} s window: the p95 would not cover one")
     idle_p95, during_p95 = p95(idle), p95(during)
     return ratio_result(
         NAME, f"exporter + heal on a {n_sessions:,}-session 0.1.0 memory store: agent chat p95 during / idle",

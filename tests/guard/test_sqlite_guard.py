@@ -26,6 +26,7 @@ from gatewayscope.cli import main as cli_main
 from gatewayscope.errors import ConfigError, GatewayscopeError, StoreError, UnreachableError
 from gatewayscope.guard import backfill as guard_backfill
 from gatewayscope.guard import sqlite as guard
+from gatewayscope.guard.sqlite import lifecycle
 from gatewayscope.snapshot import GuardStats
 from tests.factories import Gateway, late_data, now_data, trace_data
 
@@ -460,6 +461,47 @@ def test_a_delete_journal_store_too_large_to_check_in_time_gets_its_schema_check
     with sqlite3.connect(db) as conn:
         conn.execute("PRAGMA journal_mode=WAL")
     assert guard.check_integrity(db, hold_seconds=1e-6).scope == "full"
+
+
+def test_the_hold_bound_stops_the_check_s_walk_of_the_b_trees(tmp_path: Path) -> None:
+    """The whole-file check's walk of the b-trees is one VM step (no progress handler runs inside it before
+    SQLite 3.43): on a large rollback-journal store it alone would hold every gateway commit for minutes.
+    A file that is all b-tree and no index loop: the bounded check still stops at the bound."""
+    path = tmp_path / "blobs.db"
+    with sqlite3.connect(path) as conn:  # about 60 MB of overflow pages, no index, no NOT NULL column
+        conn.execute("CREATE TABLE blobs (b BLOB)")
+        conn.execute("INSERT INTO blobs WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                     "WHERE i < 1500) SELECT randomblob(40000) FROM n")
+    whole = min(guard.check_integrity(path, full=True).seconds for _ in range(2))  # the second one warm
+    assert guard.check_integrity(path, hold_seconds=whole / 5).scope == "schema"
+
+
+def test_the_schema_check_waits_for_a_lock_taken_right_after_the_whole_check_gave_way(
+        gw: Gateway, db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The moment the whole-file check gives way is when the gateway's held-up commits take the lock: every
+    read of the schema-scope check waits for it (up to busy_timeout) instead of calling the store busy at once."""
+    seed_sessions(gw)
+    holder = raw(db)
+    real_check = lifecycle._quick_check
+    timers: list[threading.Timer] = []
+
+    def whole_check_gives_way(conn: sqlite3.Connection, *, table: str | None = None) -> list[str]:
+        if table is not None:
+            return real_check(conn, table=table)
+        conn.execute("ROLLBACK")  # the check's read ends, and a gateway commit takes the lock for 0.3 s
+        holder.execute("BEGIN EXCLUSIVE")
+        timers.append(threading.Timer(0.3, lambda: holder.execute("ROLLBACK")))
+        timers[-1].start()
+        conn.execute("BEGIN")
+        raise sqlite3.OperationalError("interrupted")
+
+    monkeypatch.setattr(lifecycle, "_quick_check", whole_check_gives_way)
+    try:
+        assert guard.check_integrity(db, busy_timeout=10).scope == "schema"
+    finally:
+        for timer in timers:
+            timer.join()
+        holder.close()
 
 
 def test_a_damaged_store_is_refused_before_anything_is_written(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from gatewayscope._sqlite.locking import (
 )
 from gatewayscope._sqlite.open import open_store, store_error
 from gatewayscope._sqlite.schema import FIRST_SESSION_PAGE_SQL, SESSION_PAGE_SQL
+from gatewayscope._sqlite.statements import StatementWatch
 from gatewayscope.errors import StoreError
 from gatewayscope.guard.sqlite._common import (
     InstallResult,
@@ -106,6 +107,10 @@ def check_integrity(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIME
     started = time.monotonic()
     scope = "full"
     conn = open_store(name, readonly=True, busy_timeout=0, wording="guard")
+    # the hold bound is kept twice: the progress handler stops the check's row loops at a VM step, and the
+    # watch's sqlite3_interrupt stops its walk of the b-trees, one VM step that can take minutes on a large
+    # file (SQLite before 3.43 calls no progress handler inside it)
+    watch = StatementWatch(conn)
     try:
         (mode,) = retry_while_locked(lambda: conn.execute("PRAGMA journal_mode").fetchone(), busy_timeout)
         bounded = str(mode).lower() != "wal" and not full
@@ -113,21 +118,26 @@ def check_integrity(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIME
         held_from = time.monotonic()
         if bounded:
             conn.set_progress_handler(lambda: 1 if time.monotonic() - held_from > hold_seconds else 0, _CHECK_STEPS)
+            watch.arm(held_from + hold_seconds)
         try:
             problems = _quick_check(conn)
         except sqlite3.OperationalError as err:
             if "interrupt" not in str(err):
                 raise
+            watch.arm(None)
             conn.execute("ROLLBACK")  # the gateway's waiting commits go through
             scope, problems = "schema", []
-            tables = ["sqlite_master", *(t for t in _TABLES if _has_table(conn, t))]
-            for table in tables:  # bounded: one table each
+            for table in ("sqlite_master", *_TABLES):  # bounded: one table each
                 time.sleep(yield_seconds(hold_seconds))
-                _begin_read(conn, busy_timeout)
+                _begin_read(conn, busy_timeout)  # every statement on this busy_timeout-0 connection under it
                 held_from = time.monotonic()
-                problems += _quick_check(conn, table=table)
+                if table == "sqlite_master" or _has_table(conn, table):
+                    watch.arm(held_from + hold_seconds)
+                    problems += _quick_check(conn, table=table)
+                    watch.arm(None)
                 conn.execute("ROLLBACK")
         finally:
+            watch.arm(None)
             conn.set_progress_handler(None, 0)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -146,6 +156,7 @@ def check_integrity(path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIME
             raise store_error(name, err, wording="guard", busy_timeout=busy_timeout) from None
         problems = [str(err)]
     finally:
+        watch.close()
         conn.close()
     if problems:
         raise StoreError(f"{name} is damaged (PRAGMA quick_check: {problems[0]}); nothing was written into it. "
