@@ -79,7 +79,7 @@ def settle(path: Path, prefix: str, expected: int, *, bound: float = SETTLE_BOUN
 class ChatLoad:
     """What the writers saw; shared by their threads (``lock`` guards the containers).
 
-    Writer ``w`` calls the gateway at ``url`` on its sessions ``f"{prefix}{w}-{k}"`` (``k`` below
+    Writer ``w`` calls the gateway at ``url`` on its sessions ``f"{prefix}{w}:{k}"`` (task ``w``, rollout ``k`` below
     ``sessions_per_writer``) in turn, pausing ``pause`` s between two calls, until ``stop`` is set."""
 
     url: str
@@ -111,7 +111,7 @@ class ChatLoad:
                 self.errors.append(what)
 
     def writer(self, worker: int) -> None:
-        sessions = [f"{self.prefix}{worker}-{k}" for k in range(self.sessions_per_writer)]
+        sessions = [f"{self.prefix}{worker}:{k}" for k in range(self.sessions_per_writer)]
         with httpx.Client(base_url=self.url, timeout=self.timeout) as client:
             n = 0
             while not self.stop.is_set():  # bounded: the caller sets stop
