@@ -45,7 +45,7 @@ EXTRAS = {
     "exporter-metrics-warm": [r"targets 4 \(2 Bifrost x 100 records, 2 rLLM x 100 sessions\)", r"series \d+ \("],
     "apply-pool-shrinks": [r"ideal 40 actions x 2 calls x 50 ms / 16", r"tally 40 done"],
     "heal-gateway-share": [r"store 300 sessions \(30 one-trace orphans\)",
-                           r"heal \d+ passes ended, \d+ orphans deleted",
+                           r"heal [1-9][\d,]* orphans deleted in \d+ s by the gateway's count, \d+ passes ended",
                            r"agent chat p95 idle [\d.]+ ms"],
     "heal-pass": [r"store 100 records in the emulator", r"pass [1-9]\d* actions re-read \(would write\), \d+ deferred"],
     "orphan-session-delete": [r"agent chat \(50 ms generation\) p95 idle [\d.]+ ms, during ours [\d.]+ ms",
