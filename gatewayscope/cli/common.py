@@ -6,30 +6,12 @@ import argparse
 import logging
 import math
 import os
-from collections.abc import Callable
-from typing import TypeVar
 
+from gatewayscope._argtypes import checked_number
 from gatewayscope._text import terminal_safe
 from gatewayscope.config import Config, Policy, build_config, load_config
 
 DEFAULT_CONFIG_ENV = "GATEWAYSCOPE_CONFIG"
-
-N = TypeVar("N", int, float)
-
-
-def checked_number(text: str, convert: Callable[[str], N], ok: Callable[[N], bool], not_a_number: str,
-                   out_of_range: str) -> N:
-    """What an argparse type for a number does: ``convert(text)``, refused with ``not_a_number`` when it raises
-    ValueError and with ``out_of_range`` when ``ok`` says no (``argparse.ArgumentTypeError``; both sentences are
-    formatted with ``text`` and ``value``)."""
-    try:
-        value = convert(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(not_a_number.format(text=text)) from None
-    if not ok(value):
-        raise argparse.ArgumentTypeError(out_of_range.format(text=text, value=value))
-    return value
-
 
 def non_negative_seconds(text: str) -> float:
     """An argparse type: a finite number of seconds >= 0 (``inf`` and ``nan`` are refused with a sentence)."""

@@ -16,8 +16,8 @@ import textwrap
 import time
 from typing import Any
 
+from gatewayscope._argtypes import checked_number
 from gatewayscope._text import terminal_safe
-from gatewayscope.cli.common import checked_number
 from gatewayscope.config import check_url, is_remote_address
 from gatewayscope.errors import ConfigError
 from gatewayscope.guard import sqlite as sqlite_guard

@@ -43,8 +43,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gatewayscope._argtypes import checked_number
 from gatewayscope._files import MAX_CONFIG_BYTES, UnreadableFileError, check_regular
-from gatewayscope.cli.common import checked_number
 from gatewayscope.errors import ConfigError, GatewayscopeError
 from gatewayscope.guard.memory import (
     DEFAULT_MAX_TOMBSTONES,

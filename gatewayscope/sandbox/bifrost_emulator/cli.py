@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from gatewayscope.cli.common import checked_number, non_negative_seconds
+from gatewayscope._argtypes import checked_number
+from gatewayscope.cli.common import non_negative_seconds
 from gatewayscope.errors import ConfigError
 from gatewayscope.sandbox.bifrost_emulator.seed import DEFAULT_LIVE_PORT, DEFAULT_RNG_SEED, SEED_NAMES, apply_seed
 from gatewayscope.sandbox.bifrost_emulator.server import BifrostEmulator, EmulatorOptions
