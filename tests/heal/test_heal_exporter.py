@@ -38,6 +38,7 @@ def heal_config(emu: BifrostEmulator, state: Path) -> dict:
             "heal": {"state_dir": str(state), "first_pass_max_delay_seconds": 0}}
 
 
+@pytest.mark.e2e  # starts a process (promtool checks the scrape)
 def test_heal_metrics_pause_and_resume_behind_basic_auth(emu: BifrostEmulator, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PASSWORD_ENV, "s3cret")
